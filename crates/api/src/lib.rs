@@ -1,0 +1,29 @@
+//! The public gRPC contract of fencelock, compiled for Rust.
+//!
+//! This crate owns:
+//! - [`v1`]: the messages and the tonic clients and servers generated from
+//!   `proto/fencelock/v1/*.proto` (package `fencelock.v1`): `LockService`
+//!   (acquire, renew, batch renew, release, get) and `AdminService`
+//!   (placement). The `.proto` files are the user-facing contract; their
+//!   comments are the reference for every field.
+//! - [`status`]: the error model: which gRPC code each
+//!   [`Reason`](v1::Reason) maps to ([`status::code_for`]), and how an
+//!   [`ErrorDetail`](v1::ErrorDetail) travels in a [`tonic::Status`] and is
+//!   read back.
+//! - [`FILE_DESCRIPTOR_SET`]: the encoded descriptors, for gRPC reflection.
+//!
+//! It knows nothing of the state machine or the servers: mapping internal
+//! errors onto [`Reason`](v1::Reason) belongs to the server crate.
+
+pub mod status;
+
+/// Package `fencelock.v1`: generated from `proto/fencelock/v1/`.
+pub mod v1 {
+    tonic::include_proto!("fencelock.v1");
+}
+
+/// The encoded `google.protobuf.FileDescriptorSet` of every file in
+/// package `fencelock.v1` (with source info, so comments included), for
+/// registering with a gRPC reflection service.
+pub const FILE_DESCRIPTOR_SET: &[u8] =
+    include_bytes!(concat!(env!("OUT_DIR"), "/fencelock_v1_descriptor.bin"));

@@ -1,0 +1,510 @@
+//! Binary encoding of commands (Raft entry payloads) and snapshots.
+//!
+//! Hand-written rather than derived so the bytes are ours to keep stable:
+//! every field is written in a fixed order, integers big-endian, maps in key
+//! order. Equal tables therefore encode to equal bytes, which is how replicas
+//! and the tests compare them. Each encoding starts with a magic and a
+//! version; decoding never panics on bad input, it returns [`DecodeError`].
+
+use std::collections::VecDeque;
+
+use crate::limits::Limits;
+use crate::machine::{DedupEntry, DedupKey, DedupState, Holder, LockTable, Record, Waiter};
+use crate::name::ResourceName;
+use crate::token::FencingToken;
+use crate::types::*;
+
+const SNAPSHOT_MAGIC: &[u8; 4] = b"FLSM";
+const SNAPSHOT_VERSION: u16 = 1;
+const COMMAND_VERSION: u8 = 1;
+
+/// Why bytes could not be decoded.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DecodeError {
+    Truncated,
+    BadMagic,
+    UnsupportedVersion(u32),
+    BadTag { what: &'static str, tag: u8 },
+    Invalid(String),
+    TrailingBytes(usize),
+}
+
+impl std::fmt::Display for DecodeError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DecodeError::Truncated => write!(f, "input ends early"),
+            DecodeError::BadMagic => write!(f, "not a fencelock snapshot"),
+            DecodeError::UnsupportedVersion(v) => write!(f, "unsupported encoding version {v}"),
+            DecodeError::BadTag { what, tag } => write!(f, "unknown {what} tag {tag}"),
+            DecodeError::Invalid(why) => write!(f, "invalid content: {why}"),
+            DecodeError::TrailingBytes(n) => write!(f, "{n} unexpected bytes at the end"),
+        }
+    }
+}
+
+impl std::error::Error for DecodeError {}
+
+struct Writer(Vec<u8>);
+
+impl Writer {
+    fn u8(&mut self, v: u8) {
+        self.0.push(v);
+    }
+    fn u32(&mut self, v: u32) {
+        self.0.extend_from_slice(&v.to_be_bytes());
+    }
+    fn u64(&mut self, v: u64) {
+        self.0.extend_from_slice(&v.to_be_bytes());
+    }
+    fn bytes(&mut self, v: &[u8]) {
+        self.u32(u32::try_from(v.len()).expect("length bounded by limits"));
+        self.0.extend_from_slice(v);
+    }
+    fn name(&mut self, v: &ResourceName) {
+        self.bytes(v.as_str().as_bytes());
+    }
+    fn lease(&mut self, v: &LeaseId) {
+        self.0.extend_from_slice(&v.0);
+    }
+}
+
+struct Reader<'a>(&'a [u8]);
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], DecodeError> {
+        if self.0.len() < n {
+            return Err(DecodeError::Truncated);
+        }
+        let (head, tail) = self.0.split_at(n);
+        self.0 = tail;
+        Ok(head)
+    }
+    fn u8(&mut self) -> Result<u8, DecodeError> {
+        Ok(self.take(1)?[0])
+    }
+    fn u32(&mut self) -> Result<u32, DecodeError> {
+        Ok(u32::from_be_bytes(
+            self.take(4)?.try_into().expect("4 bytes"),
+        ))
+    }
+    fn u64(&mut self) -> Result<u64, DecodeError> {
+        Ok(u64::from_be_bytes(
+            self.take(8)?.try_into().expect("8 bytes"),
+        ))
+    }
+    fn bytes(&mut self) -> Result<&'a [u8], DecodeError> {
+        let len = self.u32()? as usize;
+        self.take(len)
+    }
+    fn name(&mut self) -> Result<ResourceName, DecodeError> {
+        let raw = self.bytes()?;
+        let s =
+            std::str::from_utf8(raw).map_err(|_| DecodeError::Invalid("name not utf-8".into()))?;
+        ResourceName::parse(s).map_err(|e| DecodeError::Invalid(format!("resource {s:?}: {e}")))
+    }
+    fn request_id(&mut self) -> Result<RequestId, DecodeError> {
+        RequestId::new(self.bytes()?).map_err(|e| DecodeError::Invalid(e.to_string()))
+    }
+    fn lease(&mut self) -> Result<LeaseId, DecodeError> {
+        Ok(LeaseId::from_slice(self.take(16)?).expect("16 bytes"))
+    }
+    /// A count of items that each take at least `min_item_bytes`: refuses
+    /// counts the remaining input cannot hold, so corrupt input cannot make
+    /// us allocate without bound.
+    fn count(&mut self, min_item_bytes: usize) -> Result<usize, DecodeError> {
+        let n = self.u32()? as usize;
+        if n.saturating_mul(min_item_bytes) > self.0.len() {
+            return Err(DecodeError::Truncated);
+        }
+        Ok(n)
+    }
+    fn finish(self) -> Result<(), DecodeError> {
+        if self.0.is_empty() {
+            Ok(())
+        } else {
+            Err(DecodeError::TrailingBytes(self.0.len()))
+        }
+    }
+}
+
+// ----- commands -----
+
+const CMD_ACQUIRE: u8 = 1;
+const CMD_RENEW: u8 = 2;
+const CMD_RENEW_BATCH: u8 = 3;
+const CMD_RELEASE: u8 = 4;
+const CMD_CANCEL: u8 = 5;
+const CMD_TICK: u8 = 6;
+const CMD_LEADER_CHANGED: u8 = 7;
+
+impl Command {
+    /// Encodes the command as a Raft entry payload.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut w = Writer(Vec::with_capacity(64));
+        w.u8(COMMAND_VERSION);
+        match self {
+            Command::Acquire {
+                resource,
+                request_id,
+                lease_id,
+                lease_ttl_ms,
+                wait_timeout_ms,
+            } => {
+                w.u8(CMD_ACQUIRE);
+                w.name(resource);
+                w.bytes(request_id.as_bytes());
+                w.lease(lease_id);
+                w.u64(*lease_ttl_ms);
+                w.u64(*wait_timeout_ms);
+            }
+            Command::Renew {
+                resource,
+                lease_id,
+                lease_ttl_ms,
+            } => {
+                w.u8(CMD_RENEW);
+                w.name(resource);
+                w.lease(lease_id);
+                w.u64(*lease_ttl_ms);
+            }
+            Command::RenewBatch { items } => {
+                w.u8(CMD_RENEW_BATCH);
+                w.u32(items.len() as u32);
+                for item in items {
+                    w.name(&item.resource);
+                    w.lease(&item.lease_id);
+                    w.u64(item.lease_ttl_ms);
+                }
+            }
+            Command::Release { resource, lease_id } => {
+                w.u8(CMD_RELEASE);
+                w.name(resource);
+                w.lease(lease_id);
+            }
+            Command::Cancel { resource, lease_id } => {
+                w.u8(CMD_CANCEL);
+                w.name(resource);
+                w.lease(lease_id);
+            }
+            Command::Tick => w.u8(CMD_TICK),
+            Command::LeaderChanged {
+                clock_offset_allowance_ms,
+            } => {
+                w.u8(CMD_LEADER_CHANGED);
+                w.u64(*clock_offset_allowance_ms);
+            }
+        }
+        w.0
+    }
+
+    /// Decodes a Raft entry payload.
+    pub fn decode(bytes: &[u8]) -> Result<Command, DecodeError> {
+        let mut r = Reader(bytes);
+        let version = r.u8()?;
+        if version != COMMAND_VERSION {
+            return Err(DecodeError::UnsupportedVersion(version.into()));
+        }
+        let command = match r.u8()? {
+            CMD_ACQUIRE => Command::Acquire {
+                resource: r.name()?,
+                request_id: r.request_id()?,
+                lease_id: r.lease()?,
+                lease_ttl_ms: r.u64()?,
+                wait_timeout_ms: r.u64()?,
+            },
+            CMD_RENEW => Command::Renew {
+                resource: r.name()?,
+                lease_id: r.lease()?,
+                lease_ttl_ms: r.u64()?,
+            },
+            CMD_RENEW_BATCH => {
+                let n = r.count(4 + 16 + 8)?;
+                let mut items = Vec::with_capacity(n);
+                for _ in 0..n {
+                    items.push(RenewItem {
+                        resource: r.name()?,
+                        lease_id: r.lease()?,
+                        lease_ttl_ms: r.u64()?,
+                    });
+                }
+                Command::RenewBatch { items }
+            }
+            CMD_RELEASE => Command::Release {
+                resource: r.name()?,
+                lease_id: r.lease()?,
+            },
+            CMD_CANCEL => Command::Cancel {
+                resource: r.name()?,
+                lease_id: r.lease()?,
+            },
+            CMD_TICK => Command::Tick,
+            CMD_LEADER_CHANGED => Command::LeaderChanged {
+                clock_offset_allowance_ms: r.u64()?,
+            },
+            tag => {
+                return Err(DecodeError::BadTag {
+                    what: "command",
+                    tag,
+                })
+            }
+        };
+        r.finish()?;
+        Ok(command)
+    }
+}
+
+// ----- snapshots -----
+
+fn lease_end_tag(e: LeaseEnd) -> u8 {
+    match e {
+        LeaseEnd::Released => 1,
+        LeaseEnd::Expired => 2,
+        LeaseEnd::Cancelled => 3,
+    }
+}
+
+fn lease_end_from(tag: u8) -> Result<LeaseEnd, DecodeError> {
+    Ok(match tag {
+        1 => LeaseEnd::Released,
+        2 => LeaseEnd::Expired,
+        3 => LeaseEnd::Cancelled,
+        tag => {
+            return Err(DecodeError::BadTag {
+                what: "lease end",
+                tag,
+            })
+        }
+    })
+}
+
+fn wait_end_tag(e: WaitEnd) -> u8 {
+    match e {
+        WaitEnd::TimedOut => 1,
+        WaitEnd::Cancelled => 2,
+        WaitEnd::TokenSpaceExhausted => 3,
+    }
+}
+
+fn wait_end_from(tag: u8) -> Result<WaitEnd, DecodeError> {
+    Ok(match tag {
+        1 => WaitEnd::TimedOut,
+        2 => WaitEnd::Cancelled,
+        3 => WaitEnd::TokenSpaceExhausted,
+        tag => {
+            return Err(DecodeError::BadTag {
+                what: "wait end",
+                tag,
+            })
+        }
+    })
+}
+
+fn write_limits(w: &mut Writer, l: &Limits) {
+    w.u64(l.min_lease_ttl_ms);
+    w.u64(l.max_lease_ttl_ms);
+    w.u64(l.max_wait_timeout_ms);
+    w.u64(l.max_hold_ms);
+    w.u32(l.max_waiters_per_resource);
+    w.u32(l.max_waiters_per_tenant);
+    w.u64(l.dedup_retention_ms);
+    w.u32(l.max_dedup_entries);
+    w.u32(l.max_records);
+    w.u32(l.max_retired_per_tick);
+}
+
+fn read_limits(r: &mut Reader) -> Result<Limits, DecodeError> {
+    let limits = Limits {
+        min_lease_ttl_ms: r.u64()?,
+        max_lease_ttl_ms: r.u64()?,
+        max_wait_timeout_ms: r.u64()?,
+        max_hold_ms: r.u64()?,
+        max_waiters_per_resource: r.u32()?,
+        max_waiters_per_tenant: r.u32()?,
+        dedup_retention_ms: r.u64()?,
+        max_dedup_entries: r.u32()?,
+        max_records: r.u32()?,
+        max_retired_per_tick: r.u32()?,
+    };
+    limits
+        .validate()
+        .map_err(|e| DecodeError::Invalid(e.to_string()))?;
+    Ok(limits)
+}
+
+impl LockTable {
+    /// Encodes the whole table. Equal tables give equal bytes.
+    pub fn snapshot(&self) -> Vec<u8> {
+        let mut w = Writer(Vec::with_capacity(64 + self.records.len() * 128));
+        w.0.extend_from_slice(SNAPSHOT_MAGIC);
+        w.0.extend_from_slice(&SNAPSHOT_VERSION.to_be_bytes());
+        write_limits(&mut w, &self.limits);
+        w.u64(self.epoch);
+        w.u64(self.epoch_base_index);
+        w.u64(self.last_position);
+        w.u64(self.max_token.as_u64());
+        w.u64(self.leader_term);
+        w.u64(self.applied_index);
+        w.u64(self.clock_ms);
+        w.u32(self.records.len() as u32);
+        for (name, record) in &self.records {
+            let h = &record.holder;
+            w.name(name);
+            w.lease(&h.lease_id);
+            w.bytes(h.request_id.as_bytes());
+            w.u64(h.token.as_u64());
+            w.u64(h.granted_at_ms);
+            w.u64(h.lease_ttl_ms);
+            w.u64(h.stamped_expires_at_ms);
+            w.u64(h.expires_at_ms);
+            w.u32(record.waiters.len() as u32);
+            for waiter in &record.waiters {
+                w.lease(&waiter.lease_id);
+                w.bytes(waiter.request_id.as_bytes());
+                w.u64(waiter.lease_ttl_ms);
+                w.u64(waiter.enqueued_at_ms);
+                w.u64(waiter.wait_deadline_ms);
+            }
+        }
+        w.u32(self.dedup.len() as u32);
+        for (key, entry) in &self.dedup {
+            w.name(&key.resource);
+            w.bytes(key.request_id.as_bytes());
+            w.lease(&entry.lease_id);
+            w.u64(entry.lease_ttl_ms);
+            match entry.state {
+                DedupState::Waiting => w.u8(1),
+                DedupState::Held { token } => {
+                    w.u8(2);
+                    w.u64(token.as_u64());
+                }
+                DedupState::Ended {
+                    token,
+                    ended,
+                    forget_at_ms,
+                } => {
+                    w.u8(3);
+                    w.u64(token.as_u64());
+                    w.u8(lease_end_tag(ended));
+                    w.u64(forget_at_ms);
+                }
+                DedupState::WaitEnded {
+                    ended,
+                    forget_at_ms,
+                } => {
+                    w.u8(4);
+                    w.u8(wait_end_tag(ended));
+                    w.u64(forget_at_ms);
+                }
+            }
+        }
+        w.0
+    }
+
+    /// Rebuilds a table from [`LockTable::snapshot`] bytes, checking every
+    /// invariant before returning it.
+    pub fn restore(bytes: &[u8]) -> Result<LockTable, DecodeError> {
+        let mut r = Reader(bytes);
+        if r.take(4)? != SNAPSHOT_MAGIC {
+            return Err(DecodeError::BadMagic);
+        }
+        let version = u16::from_be_bytes(r.take(2)?.try_into().expect("2 bytes"));
+        if version != SNAPSHOT_VERSION {
+            return Err(DecodeError::UnsupportedVersion(version.into()));
+        }
+        let limits = read_limits(&mut r)?;
+        let mut table = LockTable::new(limits).map_err(|e| DecodeError::Invalid(e.to_string()))?;
+        table.epoch = r.u64()?;
+        table.epoch_base_index = r.u64()?;
+        table.last_position = r.u64()?;
+        table.max_token = FencingToken::from_u64(r.u64()?);
+        table.leader_term = r.u64()?;
+        table.applied_index = r.u64()?;
+        table.clock_ms = r.u64()?;
+        let records = r.count(4 + 16 + 4 + 40 + 4)?;
+        for _ in 0..records {
+            let name = r.name()?;
+            let holder = Holder {
+                lease_id: r.lease()?,
+                request_id: r.request_id()?,
+                token: FencingToken::from_u64(r.u64()?),
+                granted_at_ms: r.u64()?,
+                lease_ttl_ms: r.u64()?,
+                stamped_expires_at_ms: r.u64()?,
+                expires_at_ms: r.u64()?,
+            };
+            let n = r.count(16 + 4 + 24)?;
+            let mut waiters = VecDeque::with_capacity(n);
+            for _ in 0..n {
+                let waiter = Waiter {
+                    lease_id: r.lease()?,
+                    request_id: r.request_id()?,
+                    lease_ttl_ms: r.u64()?,
+                    enqueued_at_ms: r.u64()?,
+                    wait_deadline_ms: r.u64()?,
+                };
+                table
+                    .wait_index
+                    .insert((waiter.wait_deadline_ms, name.clone(), waiter.lease_id));
+                *table
+                    .tenant_waiters
+                    .entry(name.tenant().to_owned())
+                    .or_default() += 1;
+                waiters.push_back(waiter);
+            }
+            table
+                .expiry_index
+                .insert((holder.expires_at_ms, name.clone()));
+            if table
+                .records
+                .insert(name, Record { holder, waiters })
+                .is_some()
+            {
+                return Err(DecodeError::Invalid("resource listed twice".into()));
+            }
+        }
+        let entries = r.count(4 + 4 + 16 + 8 + 1)?;
+        for _ in 0..entries {
+            let key = DedupKey {
+                resource: r.name()?,
+                request_id: r.request_id()?,
+            };
+            let lease_id = r.lease()?;
+            let lease_ttl_ms = r.u64()?;
+            let state = match r.u8()? {
+                1 => DedupState::Waiting,
+                2 => DedupState::Held {
+                    token: FencingToken::from_u64(r.u64()?),
+                },
+                3 => DedupState::Ended {
+                    token: FencingToken::from_u64(r.u64()?),
+                    ended: lease_end_from(r.u8()?)?,
+                    forget_at_ms: r.u64()?,
+                },
+                4 => DedupState::WaitEnded {
+                    ended: wait_end_from(r.u8()?)?,
+                    forget_at_ms: r.u64()?,
+                },
+                tag => {
+                    return Err(DecodeError::BadTag {
+                        what: "dedup state",
+                        tag,
+                    })
+                }
+            };
+            if let Some(at) = state.forget_at_ms() {
+                table.forget_index.insert((at, key.clone()));
+            }
+            let entry = DedupEntry {
+                lease_id,
+                lease_ttl_ms,
+                state,
+            };
+            if table.dedup.insert(key, entry).is_some() {
+                return Err(DecodeError::Invalid("dedup entry listed twice".into()));
+            }
+        }
+        r.finish()?;
+        table.check_invariants().map_err(DecodeError::Invalid)?;
+        Ok(table)
+    }
+}

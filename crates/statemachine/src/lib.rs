@@ -1,0 +1,33 @@
+//! The fencelock lock state machine.
+//!
+//! This crate owns the rules of the lock service and nothing else: exclusive
+//! leases, fencing tokens, FIFO waiters with direct hand-off, `requestId`
+//! dedup, expiry and the leader-change rule. [`LockTable::apply`] is a pure
+//! function of `(table, command, context)`: the context carries the Raft log
+//! index and term, the shard epoch and the leader-stamped time, so the crate
+//! never reads a clock, draws a random number or touches I/O. Raft, RocksDB
+//! and gRPC live in other crates and feed it.
+//!
+//! * [`types`] — ids, commands, the apply context, replies and events.
+//! * [`machine`] — the table and `apply`.
+//! * [`token`] — the fencing token layout.
+//! * [`name`] — resource name rules.
+//! * [`limits`] — every bound, in one place.
+//! * [`codec`] — byte encodings of commands and snapshots.
+//! * [`error`] — the one error type, with retry hints.
+
+pub mod codec;
+pub mod error;
+pub mod limits;
+pub mod machine;
+pub mod name;
+pub mod token;
+pub mod types;
+
+pub use codec::DecodeError;
+pub use error::{LockError, Retry};
+pub use limits::Limits;
+pub use machine::LockTable;
+pub use name::{NameError, ResourceName};
+pub use token::FencingToken;
+pub use types::*;

@@ -1,0 +1,1004 @@
+//! The lock table and its `apply` function.
+//!
+//! `LockTable::apply(command, context)` is the only way the replicated state
+//! changes. It is a pure function of the table, the command and the context:
+//! no clock, no randomness, no I/O. Every replica that applies the same log
+//! ends with the same table (the model tests check this by comparing
+//! snapshots byte for byte).
+//!
+//! Shape of the state:
+//! * `records`: one record per resource that is held. A record always has a
+//!   holder; waiters queue behind it in FIFO order. When the holder leaves,
+//!   the head waiter becomes the holder in the same apply (direct hand-off, so
+//!   nobody else is woken). A resource with neither is deleted; its tokens
+//!   cannot restart lower because they come from the shard's log position.
+//! * `dedup`: the outcome of every acquire by `(resource, requestId)`, kept
+//!   while the lease or wait lives and `dedup_retention_ms` after it ends.
+//! * indexes derived from the above (expiry, wait deadlines, dedup forget
+//!   times, waiters per tenant), rebuilt on restore and checked by
+//!   [`LockTable::check_invariants`].
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+
+use crate::error::LockError;
+use crate::limits::{InvalidLimits, Limits, MAX_CLOCK_OFFSET_ALLOWANCE_MS, MAX_RENEW_BATCH};
+use crate::name::ResourceName;
+use crate::token::{FencingToken, MAX_EPOCH, MAX_POSITION, POSITION_SOFT_LIMIT};
+use crate::types::*;
+
+/// Debug builds check every invariant after each apply while the table has at
+/// most this many records plus dedup entries.
+const FULL_CHECK_MAX_ITEMS: usize = 4_096;
+
+/// The current holder of a resource.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Holder {
+    pub lease_id: LeaseId,
+    pub request_id: RequestId,
+    pub token: FencingToken,
+    pub granted_at_ms: u64,
+    pub lease_ttl_ms: u64,
+    /// Expiry as stamped by the leader that granted or last renewed the
+    /// lease. `LeaderChanged` may extend `expires_at_ms` to at most this plus
+    /// one clock-offset allowance, so repeated elections cannot keep a lease
+    /// alive forever.
+    pub stamped_expires_at_ms: u64,
+    /// The expiry actually enforced.
+    pub expires_at_ms: u64,
+}
+
+/// A queued acquire.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Waiter {
+    pub lease_id: LeaseId,
+    pub request_id: RequestId,
+    pub lease_ttl_ms: u64,
+    pub enqueued_at_ms: u64,
+    pub wait_deadline_ms: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Record {
+    pub holder: Holder,
+    pub waiters: VecDeque<Waiter>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) struct DedupKey {
+    pub resource: ResourceName,
+    pub request_id: RequestId,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum DedupState {
+    Waiting,
+    Held {
+        token: FencingToken,
+    },
+    Ended {
+        token: FencingToken,
+        ended: LeaseEnd,
+        forget_at_ms: u64,
+    },
+    WaitEnded {
+        ended: WaitEnd,
+        forget_at_ms: u64,
+    },
+}
+
+impl DedupState {
+    pub(crate) fn forget_at_ms(&self) -> Option<u64> {
+        match *self {
+            DedupState::Ended { forget_at_ms, .. } | DedupState::WaitEnded { forget_at_ms, .. } => {
+                Some(forget_at_ms)
+            }
+            DedupState::Waiting | DedupState::Held { .. } => None,
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct DedupEntry {
+    pub lease_id: LeaseId,
+    pub lease_ttl_ms: u64,
+    pub state: DedupState,
+}
+
+/// The replicated lock state of one shard.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LockTable {
+    pub(crate) limits: Limits,
+    /// Current epoch (0 until the first entry is applied).
+    pub(crate) epoch: u64,
+    /// `index - epoch_base_index` is an entry's position in the epoch.
+    pub(crate) epoch_base_index: u64,
+    /// Position of the last token minted in this epoch.
+    pub(crate) last_position: u64,
+    /// Highest token this shard ever minted (or imported).
+    pub(crate) max_token: FencingToken,
+    /// Term of the last applied `LeaderChanged`.
+    pub(crate) leader_term: u64,
+    pub(crate) applied_index: u64,
+    /// Highest leader stamp seen: the machine's notion of now.
+    pub(crate) clock_ms: u64,
+    pub(crate) records: BTreeMap<ResourceName, Record>,
+    pub(crate) dedup: BTreeMap<DedupKey, DedupEntry>,
+    // Derived indexes.
+    pub(crate) expiry_index: BTreeSet<(u64, ResourceName)>,
+    pub(crate) wait_index: BTreeSet<(u64, ResourceName, LeaseId)>,
+    pub(crate) forget_index: BTreeSet<(u64, DedupKey)>,
+    pub(crate) tenant_waiters: BTreeMap<String, u32>,
+}
+
+impl LockTable {
+    /// An empty table with the given limits.
+    pub fn new(limits: Limits) -> Result<LockTable, InvalidLimits> {
+        limits.validate()?;
+        Ok(LockTable {
+            limits,
+            epoch: 0,
+            epoch_base_index: 0,
+            last_position: 0,
+            max_token: FencingToken::NONE,
+            leader_term: 0,
+            applied_index: 0,
+            clock_ms: 0,
+            records: BTreeMap::new(),
+            dedup: BTreeMap::new(),
+            expiry_index: BTreeSet::new(),
+            wait_index: BTreeSet::new(),
+            forget_index: BTreeSet::new(),
+            tenant_waiters: BTreeMap::new(),
+        })
+    }
+
+    /// Applies one command at the log position described by `ctx`.
+    pub fn apply(&mut self, command: &Command, ctx: &ApplyContext) -> Outcome {
+        let mut events = Vec::new();
+        let reply = self.apply_inner(command, ctx, &mut events);
+        // The full check is O(table); debug builds run it while tables are
+        // small enough for it to stay cheap (model tests, cluster tests).
+        if cfg!(debug_assertions) && self.records.len() + self.dedup.len() <= FULL_CHECK_MAX_ITEMS {
+            if let Err(broken) = self.check_invariants() {
+                panic!("invariant broken after {command:?} at {ctx:?}: {broken}");
+            }
+        }
+        Outcome { reply, events }
+    }
+
+    fn apply_inner(
+        &mut self,
+        command: &Command,
+        ctx: &ApplyContext,
+        events: &mut Vec<Event>,
+    ) -> Result<Reply, LockError> {
+        self.advance(ctx)?;
+        if let Command::LeaderChanged {
+            clock_offset_allowance_ms,
+        } = command
+        {
+            return self.leader_changed(ctx.term, *clock_offset_allowance_ms);
+        }
+        // A leader's commands count only after its own LeaderChanged entry:
+        // that entry is what makes remaining lease time conservative.
+        if ctx.term != self.leader_term {
+            return Err(LockError::LeaderNotReady {
+                entry_term: ctx.term,
+                leader_term: self.leader_term,
+            });
+        }
+        match command {
+            Command::Acquire {
+                resource,
+                request_id,
+                lease_id,
+                lease_ttl_ms,
+                wait_timeout_ms,
+            } => self
+                .acquire(
+                    resource,
+                    request_id,
+                    *lease_id,
+                    *lease_ttl_ms,
+                    *wait_timeout_ms,
+                    events,
+                )
+                .map(Reply::Acquire),
+            Command::Renew {
+                resource,
+                lease_id,
+                lease_ttl_ms,
+            } => self
+                .renew(resource, *lease_id, *lease_ttl_ms, events)
+                .map(Reply::Renewed),
+            Command::RenewBatch { items } => {
+                if items.len() > MAX_RENEW_BATCH {
+                    return Err(LockError::BatchTooLarge {
+                        len: items.len(),
+                        max: MAX_RENEW_BATCH,
+                    });
+                }
+                let results = items
+                    .iter()
+                    .map(|item| {
+                        self.renew(&item.resource, item.lease_id, item.lease_ttl_ms, events)
+                    })
+                    .collect();
+                Ok(Reply::RenewedBatch(results))
+            }
+            Command::Release { resource, lease_id } => {
+                let released = self.end(resource, *lease_id, LeaseEnd::Released, events);
+                Ok(Reply::Released { released })
+            }
+            Command::Cancel { resource, lease_id } => {
+                let removed = self.end(resource, *lease_id, LeaseEnd::Cancelled, events);
+                Ok(Reply::Cancelled { removed })
+            }
+            Command::Tick => Ok(Reply::Ticked(self.tick(events))),
+            Command::LeaderChanged { .. } => unreachable!("handled above"),
+        }
+    }
+
+    /// Moves the log position, epoch and clock forward to `ctx`. Refuses
+    /// (changing nothing) a context that would move any of them backwards.
+    fn advance(&mut self, ctx: &ApplyContext) -> Result<(), LockError> {
+        if ctx.index == 0 || ctx.index < self.applied_index {
+            return Err(LockError::InvalidCommand {
+                reason: "log index is zero or went backwards",
+            });
+        }
+        if ctx.epoch == 0 || ctx.epoch > MAX_EPOCH {
+            return Err(LockError::InvalidCommand {
+                reason: "epoch out of range",
+            });
+        }
+        if ctx.epoch < self.epoch {
+            return Err(LockError::StaleEpoch {
+                entry_epoch: ctx.epoch,
+                current_epoch: self.epoch,
+            });
+        }
+        if ctx.epoch > self.epoch {
+            // A new epoch starts counting positions at this entry (position 1),
+            // and every token of it is above every token of older epochs.
+            self.epoch = ctx.epoch;
+            self.epoch_base_index = ctx.index - 1;
+            self.last_position = 0;
+        }
+        self.applied_index = ctx.index;
+        self.clock_ms = self.clock_ms.max(ctx.now_ms);
+        Ok(())
+    }
+
+    /// The position the next token would get.
+    fn next_position(&self) -> u64 {
+        debug_assert!(self.applied_index > self.epoch_base_index);
+        (self.last_position + 1).max(self.applied_index - self.epoch_base_index)
+    }
+
+    /// Mints the next token if its position is at most `limit`.
+    fn mint(&mut self, limit: u64) -> Result<FencingToken, LockError> {
+        let position = self.next_position();
+        if position > limit {
+            return Err(LockError::TokenSpaceExhausted { epoch: self.epoch });
+        }
+        debug_assert!(limit <= MAX_POSITION);
+        let token = FencingToken::new(self.epoch, position);
+        // Paired with the per-resource check in `check_invariants`: every
+        // token is above every token minted before it by this shard.
+        assert!(
+            token > self.max_token,
+            "token {token} not above {}",
+            self.max_token
+        );
+        self.last_position = position;
+        self.max_token = token;
+        Ok(token)
+    }
+
+    fn now(&self) -> u64 {
+        self.clock_ms
+    }
+
+    fn leader_changed(&mut self, term: u64, allowance_ms: u64) -> Result<Reply, LockError> {
+        if allowance_ms > MAX_CLOCK_OFFSET_ALLOWANCE_MS {
+            return Err(LockError::InvalidCommand {
+                reason: "clock offset allowance too large",
+            });
+        }
+        if term < self.leader_term {
+            return Err(LockError::InvalidCommand {
+                reason: "leader changed to an older term",
+            });
+        }
+        self.leader_term = term;
+        // Conservative remaining time: the new leader's clock may run ahead of
+        // the old leader's by up to the allowance, so push each expiry out to
+        // the last leader-stamped expiry plus the allowance. The bound is on
+        // the stamp, not on the current expiry, so a second election adds
+        // nothing: only a renewal moves the stamp.
+        let mut extended = 0u32;
+        let mut moves = Vec::new();
+        for (name, record) in self.records.iter_mut() {
+            let holder = &mut record.holder;
+            let target = holder.stamped_expires_at_ms + allowance_ms;
+            if target > holder.expires_at_ms {
+                moves.push((holder.expires_at_ms, target, name.clone()));
+                holder.expires_at_ms = target;
+                extended += 1;
+            }
+        }
+        for (old, new, name) in moves {
+            let removed = self.expiry_index.remove(&(old, name.clone()));
+            debug_assert!(removed);
+            self.expiry_index.insert((new, name));
+        }
+        Ok(Reply::LeaderChanged {
+            leases_extended: extended,
+        })
+    }
+
+    fn check_ttl(&self, lease_ttl_ms: u64) -> Result<(), LockError> {
+        let (min_ms, max_ms) = (self.limits.min_lease_ttl_ms, self.limits.max_lease_ttl_ms);
+        if !(min_ms..=max_ms).contains(&lease_ttl_ms) {
+            return Err(LockError::TtlOutOfRange {
+                ttl_ms: lease_ttl_ms,
+                min_ms,
+                max_ms,
+            });
+        }
+        Ok(())
+    }
+
+    fn acquire(
+        &mut self,
+        resource: &ResourceName,
+        request_id: &RequestId,
+        lease_id: LeaseId,
+        lease_ttl_ms: u64,
+        wait_timeout_ms: u64,
+        events: &mut Vec<Event>,
+    ) -> Result<AcquireReply, LockError> {
+        self.check_ttl(lease_ttl_ms)?;
+        if wait_timeout_ms > self.limits.max_wait_timeout_ms {
+            return Err(LockError::WaitTimeoutOutOfRange {
+                wait_timeout_ms,
+                max_ms: self.limits.max_wait_timeout_ms,
+            });
+        }
+        self.settle(resource, events);
+        let key = DedupKey {
+            resource: resource.clone(),
+            request_id: request_id.clone(),
+        };
+        if let Some(entry) = self.dedup.get(&key) {
+            if entry.lease_ttl_ms != lease_ttl_ms {
+                return Err(LockError::RequestIdReused {
+                    original_ttl_ms: entry.lease_ttl_ms,
+                });
+            }
+            return Ok(self.dedup_reply(resource, entry));
+        }
+        if self.dedup.len() >= self.limits.max_dedup_entries as usize {
+            return Err(LockError::DedupTableFull {
+                limit: self.limits.max_dedup_entries,
+            });
+        }
+        let now = self.now();
+        let status = match self.records.get(resource) {
+            None => {
+                if self.records.len() >= self.limits.max_records as usize {
+                    return Err(LockError::TableFull {
+                        limit: self.limits.max_records,
+                    });
+                }
+                let token = self.mint(POSITION_SOFT_LIMIT)?;
+                let expires_at_ms = now + lease_ttl_ms;
+                let holder = Holder {
+                    lease_id,
+                    request_id: request_id.clone(),
+                    token,
+                    granted_at_ms: now,
+                    lease_ttl_ms,
+                    stamped_expires_at_ms: expires_at_ms,
+                    expires_at_ms,
+                };
+                self.expiry_index.insert((expires_at_ms, resource.clone()));
+                self.records.insert(
+                    resource.clone(),
+                    Record {
+                        holder,
+                        waiters: VecDeque::new(),
+                    },
+                );
+                self.dedup.insert(
+                    key,
+                    DedupEntry {
+                        lease_id,
+                        lease_ttl_ms,
+                        state: DedupState::Held { token },
+                    },
+                );
+                events.push(Event::Granted {
+                    resource: resource.clone(),
+                    lease_id,
+                    request_id: request_id.clone(),
+                    token,
+                    expires_at_ms,
+                    from_queue: false,
+                });
+                AcquireStatus::Held {
+                    token,
+                    expires_at_ms,
+                    lease_ttl_ms,
+                }
+            }
+            Some(record) => {
+                if record.holder.lease_id == lease_id
+                    || record.waiters.iter().any(|w| w.lease_id == lease_id)
+                {
+                    return Err(LockError::LeaseIdCollision);
+                }
+                let queue_len = record.waiters.len() as u32;
+                if wait_timeout_ms == 0 {
+                    return Err(LockError::LockHeld {
+                        holder_expires_at_ms: record.holder.expires_at_ms,
+                        queue_len,
+                    });
+                }
+                if queue_len >= self.limits.max_waiters_per_resource {
+                    return Err(LockError::QueueFull {
+                        limit: self.limits.max_waiters_per_resource,
+                    });
+                }
+                let tenant = resource.tenant();
+                let tenant_count = self.tenant_waiters.get(tenant).copied().unwrap_or(0);
+                if tenant_count >= self.limits.max_waiters_per_tenant {
+                    return Err(LockError::TenantWaitersExceeded {
+                        limit: self.limits.max_waiters_per_tenant,
+                    });
+                }
+                // A waiter will need a token; do not queue into an epoch that
+                // already refuses direct grants.
+                if self.next_position() > POSITION_SOFT_LIMIT {
+                    return Err(LockError::TokenSpaceExhausted { epoch: self.epoch });
+                }
+                let wait_deadline_ms = now + wait_timeout_ms;
+                self.tenant_waiters
+                    .insert(tenant.to_owned(), tenant_count + 1);
+                self.wait_index
+                    .insert((wait_deadline_ms, resource.clone(), lease_id));
+                let record = self.records.get_mut(resource).expect("looked up above");
+                record.waiters.push_back(Waiter {
+                    lease_id,
+                    request_id: request_id.clone(),
+                    lease_ttl_ms,
+                    enqueued_at_ms: now,
+                    wait_deadline_ms,
+                });
+                self.dedup.insert(
+                    key,
+                    DedupEntry {
+                        lease_id,
+                        lease_ttl_ms,
+                        state: DedupState::Waiting,
+                    },
+                );
+                AcquireStatus::Queued {
+                    position: queue_len + 1,
+                    wait_deadline_ms,
+                }
+            }
+        };
+        Ok(AcquireReply {
+            lease_id,
+            deduplicated: false,
+            status,
+        })
+    }
+
+    /// What a retry of an earlier acquire learns: where that acquire stands
+    /// now, under its original lease id.
+    fn dedup_reply(&self, resource: &ResourceName, entry: &DedupEntry) -> AcquireReply {
+        let status = match entry.state {
+            DedupState::Waiting => {
+                let record = self.records.get(resource);
+                let found = record.and_then(|r| {
+                    r.waiters
+                        .iter()
+                        .position(|w| w.lease_id == entry.lease_id)
+                        .map(|i| (i, &r.waiters[i]))
+                });
+                let (index, waiter) = found.expect("a waiting dedup entry has its waiter queued");
+                AcquireStatus::Queued {
+                    position: index as u32 + 1,
+                    wait_deadline_ms: waiter.wait_deadline_ms,
+                }
+            }
+            DedupState::Held { token } => {
+                let holder = &self
+                    .records
+                    .get(resource)
+                    .expect("a held dedup entry has its record")
+                    .holder;
+                assert_eq!(holder.lease_id, entry.lease_id);
+                assert_eq!(holder.token, token);
+                AcquireStatus::Held {
+                    token,
+                    expires_at_ms: holder.expires_at_ms,
+                    lease_ttl_ms: holder.lease_ttl_ms,
+                }
+            }
+            DedupState::Ended { token, ended, .. } => AcquireStatus::Ended { token, ended },
+            DedupState::WaitEnded { ended, .. } => AcquireStatus::WaitEnded(ended),
+        };
+        AcquireReply {
+            lease_id: entry.lease_id,
+            deduplicated: true,
+            status,
+        }
+    }
+
+    fn renew(
+        &mut self,
+        resource: &ResourceName,
+        lease_id: LeaseId,
+        lease_ttl_ms: u64,
+        events: &mut Vec<Event>,
+    ) -> Result<Renewed, LockError> {
+        self.settle(resource, events);
+        let now = self.now();
+        let max_hold_ms = self.limits.max_hold_ms;
+        let Some(record) = self.records.get(resource) else {
+            return Err(LockError::LeaseNotHeld);
+        };
+        if record.holder.lease_id != lease_id {
+            return Err(LockError::LeaseNotHeld);
+        }
+        // 0 keeps the lease's current TTL.
+        let lease_ttl_ms = if lease_ttl_ms == 0 {
+            record.holder.lease_ttl_ms
+        } else {
+            lease_ttl_ms
+        };
+        self.check_ttl(lease_ttl_ms)?;
+        let hold_deadline_ms = record.holder.granted_at_ms + max_hold_ms;
+        if now >= hold_deadline_ms {
+            return Err(LockError::HoldLimitReached {
+                max_hold_ms,
+                granted_at_ms: record.holder.granted_at_ms,
+            });
+        }
+        let holder = &mut self.records.get_mut(resource).expect("found above").holder;
+        // Never shorten: the holder may have computed its stop-by deadline
+        // from an earlier, longer grant whose reply it did receive.
+        let wanted = (now + lease_ttl_ms).min(hold_deadline_ms);
+        let old_expires = holder.expires_at_ms;
+        holder.expires_at_ms = holder.expires_at_ms.max(wanted);
+        holder.stamped_expires_at_ms = holder.stamped_expires_at_ms.max(wanted);
+        holder.lease_ttl_ms = lease_ttl_ms;
+        let new_expires = holder.expires_at_ms;
+        if new_expires != old_expires {
+            let removed = self.expiry_index.remove(&(old_expires, resource.clone()));
+            debug_assert!(removed);
+            self.expiry_index.insert((new_expires, resource.clone()));
+        }
+        Ok(Renewed {
+            expires_at_ms: new_expires,
+            lease_ttl_ms,
+        })
+    }
+
+    /// Ends the holding or wait of `lease_id` on `resource`. Returns false
+    /// (changing nothing) when the lease neither holds nor waits.
+    fn end(
+        &mut self,
+        resource: &ResourceName,
+        lease_id: LeaseId,
+        how: LeaseEnd,
+        events: &mut Vec<Event>,
+    ) -> bool {
+        self.settle(resource, events);
+        let Some(record) = self.records.get(resource) else {
+            return false;
+        };
+        if record.holder.lease_id == lease_id {
+            self.end_holder(resource, how, events);
+            return true;
+        }
+        if let Some(pos) = record.waiters.iter().position(|w| w.lease_id == lease_id) {
+            self.remove_waiter(resource, pos, WaitEnd::Cancelled, events);
+            return true;
+        }
+        false
+    }
+
+    /// Expires the holder of `resource` if its lease ran out by the table's
+    /// clock. Every command that touches a resource settles it first, so an
+    /// expired lease never blocks, renews or answers as held.
+    fn settle(&mut self, resource: &ResourceName, events: &mut Vec<Event>) {
+        let now = self.now();
+        let due = self
+            .records
+            .get(resource)
+            .is_some_and(|r| r.holder.expires_at_ms <= now);
+        if due {
+            self.end_holder(resource, LeaseEnd::Expired, events);
+        }
+    }
+
+    /// Removes the holder, records how it ended, and hands the lock to the
+    /// first waiter still waiting. Deletes the record when nobody is left.
+    fn end_holder(&mut self, resource: &ResourceName, how: LeaseEnd, events: &mut Vec<Event>) {
+        let now = self.now();
+        let Record { holder, waiters } = self.records.remove(resource).expect("caller checked");
+        let removed = self
+            .expiry_index
+            .remove(&(holder.expires_at_ms, resource.clone()));
+        debug_assert!(removed);
+        self.finish_dedup(
+            resource,
+            &holder.request_id,
+            DedupStateEnd::Lease {
+                token: holder.token,
+                ended: how,
+            },
+        );
+        events.push(Event::LeaseEnded {
+            resource: resource.clone(),
+            lease_id: holder.lease_id,
+            token: holder.token,
+            ended: how,
+        });
+        let mut waiters = waiters;
+        while let Some(waiter) = waiters.pop_front() {
+            self.unindex_waiter(resource, &waiter);
+            let ended = if waiter.wait_deadline_ms <= now {
+                WaitEnd::TimedOut
+            } else {
+                match self.mint(MAX_POSITION) {
+                    Ok(token) => {
+                        debug_assert!(token > holder.token);
+                        let expires_at_ms = now + waiter.lease_ttl_ms;
+                        self.expiry_index.insert((expires_at_ms, resource.clone()));
+                        self.set_dedup_state(
+                            resource,
+                            &waiter.request_id,
+                            DedupState::Held { token },
+                        );
+                        events.push(Event::Granted {
+                            resource: resource.clone(),
+                            lease_id: waiter.lease_id,
+                            request_id: waiter.request_id.clone(),
+                            token,
+                            expires_at_ms,
+                            from_queue: true,
+                        });
+                        let holder = Holder {
+                            lease_id: waiter.lease_id,
+                            request_id: waiter.request_id,
+                            token,
+                            granted_at_ms: now,
+                            lease_ttl_ms: waiter.lease_ttl_ms,
+                            stamped_expires_at_ms: expires_at_ms,
+                            expires_at_ms,
+                        };
+                        self.records
+                            .insert(resource.clone(), Record { holder, waiters });
+                        return;
+                    }
+                    Err(_) => WaitEnd::TokenSpaceExhausted,
+                }
+            };
+            self.finish_dedup(resource, &waiter.request_id, DedupStateEnd::Wait(ended));
+            events.push(Event::WaitEnded {
+                resource: resource.clone(),
+                lease_id: waiter.lease_id,
+                request_id: waiter.request_id,
+                ended,
+            });
+        }
+    }
+
+    /// Removes the waiter at `pos` of `resource`'s queue.
+    fn remove_waiter(
+        &mut self,
+        resource: &ResourceName,
+        pos: usize,
+        ended: WaitEnd,
+        events: &mut Vec<Event>,
+    ) {
+        let record = self.records.get_mut(resource).expect("caller checked");
+        let waiter = record.waiters.remove(pos).expect("caller checked");
+        self.unindex_waiter(resource, &waiter);
+        self.finish_dedup(resource, &waiter.request_id, DedupStateEnd::Wait(ended));
+        events.push(Event::WaitEnded {
+            resource: resource.clone(),
+            lease_id: waiter.lease_id,
+            request_id: waiter.request_id,
+            ended,
+        });
+    }
+
+    fn unindex_waiter(&mut self, resource: &ResourceName, waiter: &Waiter) {
+        let removed =
+            self.wait_index
+                .remove(&(waiter.wait_deadline_ms, resource.clone(), waiter.lease_id));
+        debug_assert!(removed);
+        let tenant = resource.tenant();
+        let count = self
+            .tenant_waiters
+            .get_mut(tenant)
+            .expect("a queued waiter is counted for its tenant");
+        *count -= 1;
+        if *count == 0 {
+            self.tenant_waiters.remove(tenant);
+        }
+    }
+
+    fn set_dedup_state(
+        &mut self,
+        resource: &ResourceName,
+        request_id: &RequestId,
+        state: DedupState,
+    ) {
+        let key = DedupKey {
+            resource: resource.clone(),
+            request_id: request_id.clone(),
+        };
+        let entry = self
+            .dedup
+            .get_mut(&key)
+            .expect("every live lease and waiter has a dedup entry");
+        debug_assert!(entry.state.forget_at_ms().is_none());
+        entry.state = state;
+        if let Some(at) = state.forget_at_ms() {
+            self.forget_index.insert((at, key));
+        }
+    }
+
+    fn finish_dedup(
+        &mut self,
+        resource: &ResourceName,
+        request_id: &RequestId,
+        end: DedupStateEnd,
+    ) {
+        let forget_at_ms = self.now() + self.limits.dedup_retention_ms;
+        let state = match end {
+            DedupStateEnd::Lease { token, ended } => DedupState::Ended {
+                token,
+                ended,
+                forget_at_ms,
+            },
+            DedupStateEnd::Wait(ended) => DedupState::WaitEnded {
+                ended,
+                forget_at_ms,
+            },
+        };
+        self.set_dedup_state(resource, request_id, state);
+    }
+
+    /// Retires what is due by the table's clock, oldest first, at most
+    /// `max_retired_per_tick` items in all.
+    fn tick(&mut self, events: &mut Vec<Event>) -> TickReport {
+        let now = self.now();
+        let mut budget = self.limits.max_retired_per_tick;
+        let mut report = TickReport::default();
+        while budget > 0 {
+            let Some((at, name)) = self.expiry_index.first().cloned() else {
+                break;
+            };
+            if at > now {
+                break;
+            }
+            self.end_holder(&name, LeaseEnd::Expired, events);
+            report.leases_expired += 1;
+            budget -= 1;
+        }
+        while budget > 0 {
+            let Some((at, name, lease_id)) = self.wait_index.first().cloned() else {
+                break;
+            };
+            if at > now {
+                break;
+            }
+            let record = self
+                .records
+                .get(&name)
+                .expect("indexed waiter has a record");
+            let pos = record
+                .waiters
+                .iter()
+                .position(|w| w.lease_id == lease_id)
+                .expect("indexed waiter is queued");
+            self.remove_waiter(&name, pos, WaitEnd::TimedOut, events);
+            report.waiters_timed_out += 1;
+            budget -= 1;
+        }
+        while budget > 0 {
+            let Some((at, key)) = self.forget_index.first().cloned() else {
+                break;
+            };
+            if at > now {
+                break;
+            }
+            self.forget_index.remove(&(at, key.clone()));
+            let removed = self.dedup.remove(&key);
+            debug_assert!(removed.is_some());
+            report.dedup_forgotten += 1;
+            budget -= 1;
+        }
+        report.more_due = self.next_due_ms().is_some_and(|at| at <= now);
+        report
+    }
+
+    // ----- reads -----
+
+    /// The holder and queue of one resource, as of the last applied entry.
+    /// A lease past its expiry is shown until a command retires it; compare
+    /// `expires_at_ms` with the current time to tell.
+    pub fn view(&self, resource: &ResourceName) -> Option<LockView> {
+        self.records.get(resource).map(|r| LockView {
+            lease_id: r.holder.lease_id,
+            token: r.holder.token,
+            expires_at_ms: r.holder.expires_at_ms,
+            granted_at_ms: r.holder.granted_at_ms,
+            queue_len: r.waiters.len() as u32,
+        })
+    }
+
+    /// When the next lease expiry, wait deadline or dedup forget time falls
+    /// due (by the table's clock): when the leader should propose a `Tick`.
+    pub fn next_due_ms(&self) -> Option<u64> {
+        [
+            self.expiry_index.first().map(|e| e.0),
+            self.wait_index.first().map(|e| e.0),
+            self.forget_index.first().map(|e| e.0),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
+    }
+
+    /// Positions left before this epoch refuses new acquires. The placement
+    /// layer hands the shard a new epoch long before this reaches zero.
+    pub fn token_positions_left(&self) -> u64 {
+        if self.epoch == 0 {
+            return POSITION_SOFT_LIMIT;
+        }
+        POSITION_SOFT_LIMIT.saturating_sub(self.next_position() - 1)
+    }
+
+    pub fn limits(&self) -> &Limits {
+        &self.limits
+    }
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+    pub fn leader_term(&self) -> u64 {
+        self.leader_term
+    }
+    pub fn applied_index(&self) -> u64 {
+        self.applied_index
+    }
+    pub fn clock_ms(&self) -> u64 {
+        self.clock_ms
+    }
+    pub fn max_token(&self) -> FencingToken {
+        self.max_token
+    }
+    /// Resources currently held.
+    pub fn held_count(&self) -> usize {
+        self.records.len()
+    }
+    /// Waiters queued across all resources.
+    pub fn waiter_count(&self) -> usize {
+        self.wait_index.len()
+    }
+    pub fn dedup_count(&self) -> usize {
+        self.dedup.len()
+    }
+
+    /// Checks every structural invariant of the table; `Err` names the first
+    /// one broken. Run after every apply in debug builds and by the tests.
+    pub fn check_invariants(&self) -> Result<(), String> {
+        let mut expiry = BTreeSet::new();
+        let mut waits = BTreeSet::new();
+        let mut tenants: BTreeMap<String, u32> = BTreeMap::new();
+        let mut live_dedup = 0usize;
+        if self.epoch > MAX_EPOCH || self.last_position > MAX_POSITION {
+            return Err("epoch or position out of range".into());
+        }
+        if self.epoch != 0 && self.applied_index <= self.epoch_base_index {
+            return Err("epoch starts after the applied index".into());
+        }
+        if self.epoch == 0 && (!self.records.is_empty() || self.max_token != FencingToken::NONE) {
+            return Err("tokens before any epoch".into());
+        }
+        if self.max_token.epoch() > self.epoch {
+            return Err(format!(
+                "max token {} beyond epoch {}",
+                self.max_token, self.epoch
+            ));
+        }
+        for (name, record) in &self.records {
+            let h = &record.holder;
+            // Invariant 1: one holder per record, and it is the one the
+            // dedup table says holds.
+            if h.token > self.max_token || h.token == FencingToken::NONE {
+                return Err(format!("{name}: holder token {} not minted", h.token));
+            }
+            if h.expires_at_ms < h.stamped_expires_at_ms {
+                return Err(format!("{name}: expiry below its stamp"));
+            }
+            expiry.insert((h.expires_at_ms, name.clone()));
+            let key = DedupKey {
+                resource: name.clone(),
+                request_id: h.request_id.clone(),
+            };
+            match self.dedup.get(&key) {
+                Some(e)
+                    if e.lease_id == h.lease_id
+                        && e.state == DedupState::Held { token: h.token } => {}
+                other => return Err(format!("{name}: holder dedup entry is {other:?}")),
+            }
+            live_dedup += 1;
+            if record.waiters.len() > self.limits.max_waiters_per_resource as usize {
+                return Err(format!("{name}: queue over its cap"));
+            }
+            let mut ids = BTreeSet::from([h.lease_id]);
+            for w in &record.waiters {
+                if !ids.insert(w.lease_id) {
+                    return Err(format!("{name}: lease id {} twice", w.lease_id));
+                }
+                waits.insert((w.wait_deadline_ms, name.clone(), w.lease_id));
+                *tenants.entry(name.tenant().to_owned()).or_default() += 1;
+                let key = DedupKey {
+                    resource: name.clone(),
+                    request_id: w.request_id.clone(),
+                };
+                match self.dedup.get(&key) {
+                    Some(e) if e.lease_id == w.lease_id && e.state == DedupState::Waiting => {}
+                    other => return Err(format!("{name}: waiter dedup entry is {other:?}")),
+                }
+                live_dedup += 1;
+            }
+        }
+        if expiry != self.expiry_index {
+            return Err("expiry index out of sync".into());
+        }
+        if waits != self.wait_index {
+            return Err("wait index out of sync".into());
+        }
+        if tenants != self.tenant_waiters {
+            return Err("tenant waiter counts out of sync".into());
+        }
+        if tenants
+            .values()
+            .any(|&n| n > self.limits.max_waiters_per_tenant)
+        {
+            return Err("tenant over its waiter cap".into());
+        }
+        let forget: BTreeSet<(u64, DedupKey)> = self
+            .dedup
+            .iter()
+            .filter_map(|(k, e)| e.state.forget_at_ms().map(|at| (at, k.clone())))
+            .collect();
+        if forget != self.forget_index {
+            return Err("forget index out of sync".into());
+        }
+        if forget.len() + live_dedup != self.dedup.len() {
+            return Err("dedup entry for a lease that neither holds nor waits".into());
+        }
+        Ok(())
+    }
+}
+
+/// How a lease or wait ended, before the forget time is attached.
+enum DedupStateEnd {
+    Lease {
+        token: FencingToken,
+        ended: LeaseEnd,
+    },
+    Wait(WaitEnd),
+}

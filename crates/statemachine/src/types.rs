@@ -1,0 +1,255 @@
+//! The vocabulary of the state machine: ids, commands, the apply context,
+//! replies and events.
+
+use crate::error::LockError;
+use crate::limits::{LEASE_ID_LEN, MAX_REQUEST_ID_LEN};
+use crate::name::ResourceName;
+use crate::token::FencingToken;
+
+/// The id of one holding: 128 random bits chosen by the proposer (the shard
+/// leader), never derived inside apply, so it cannot be guessed from the log
+/// position or the resource.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct LeaseId(pub [u8; LEASE_ID_LEN]);
+
+impl LeaseId {
+    /// Parses a lease id from wire bytes; `None` unless exactly 16 bytes.
+    pub fn from_slice(bytes: &[u8]) -> Option<LeaseId> {
+        Some(LeaseId(bytes.try_into().ok()?))
+    }
+}
+
+impl std::fmt::Debug for LeaseId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "LeaseId({self})")
+    }
+}
+
+impl std::fmt::Display for LeaseId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for b in self.0 {
+            write!(f, "{b:02x}")?;
+        }
+        Ok(())
+    }
+}
+
+/// A caller's id for one logical acquire, stable across its retries.
+#[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct RequestId(Vec<u8>);
+
+impl RequestId {
+    /// Validates the length (1..=MAX_REQUEST_ID_LEN bytes).
+    pub fn new(bytes: impl Into<Vec<u8>>) -> Result<RequestId, LockError> {
+        let bytes = bytes.into();
+        if bytes.is_empty() || bytes.len() > MAX_REQUEST_ID_LEN {
+            return Err(LockError::InvalidRequestId {
+                len: bytes.len(),
+                max: MAX_REQUEST_ID_LEN,
+            });
+        }
+        Ok(RequestId(bytes))
+    }
+
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for RequestId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match std::str::from_utf8(&self.0) {
+            Ok(s) => write!(f, "RequestId({s:?})"),
+            Err(_) => write!(f, "RequestId({:?})", self.0),
+        }
+    }
+}
+
+/// Everything apply needs to know about the log entry a command came in.
+/// Identical on every replica for the same entry: that is what keeps apply
+/// deterministic.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ApplyContext {
+    /// Raft log index of the entry. Never decreases from one apply to the
+    /// next; commands coalesced into one entry share it.
+    pub index: u64,
+    /// Raft term of the entry.
+    pub term: u64,
+    /// The shard's epoch at this log position (1..=MAX_EPOCH). Changes only
+    /// through log entries, so every replica sees the same value here.
+    pub epoch: u64,
+    /// Wall-clock time stamped into the entry by the leader that proposed
+    /// it, in ms since the Unix epoch. The machine uses the highest stamp seen
+    /// so far, so its notion of time never goes back.
+    pub now_ms: u64,
+}
+
+/// One state-changing request, as it travels in a Raft entry.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Command {
+    /// Take the lock, or queue for it for up to `wait_timeout_ms`.
+    Acquire {
+        resource: ResourceName,
+        request_id: RequestId,
+        lease_id: LeaseId,
+        lease_ttl_ms: u64,
+        wait_timeout_ms: u64,
+    },
+    /// Extend a held lease to `now + lease_ttl_ms` (never shortening it).
+    Renew {
+        resource: ResourceName,
+        lease_id: LeaseId,
+        lease_ttl_ms: u64,
+    },
+    /// Renew many leases in one entry; each gets its own result.
+    RenewBatch { items: Vec<RenewItem> },
+    /// End a holding (or a wait). Idempotent.
+    Release {
+        resource: ResourceName,
+        lease_id: LeaseId,
+    },
+    /// The caller of a waiting acquire went away: drop its wait, or, if it
+    /// was granted meanwhile without the caller learning of it, release.
+    Cancel {
+        resource: ResourceName,
+        lease_id: LeaseId,
+    },
+    /// Time moved on (the entry's `now_ms`): expire due leases, time out due
+    /// waiters, forget old dedup entries. Bounded work per tick.
+    Tick,
+    /// The first entry a new leader commits in its term. Until it is
+    /// applied, commands of that term are refused. Extends every live lease
+    /// so that no lock is freed earlier than the old leader could have freed
+    /// it, allowing `clock_offset_allowance_ms` for the new leader's clock
+    /// being ahead; the extension is bounded per lease (see `apply`).
+    LeaderChanged { clock_offset_allowance_ms: u64 },
+}
+
+/// One lease in a batch renew.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RenewItem {
+    pub resource: ResourceName,
+    pub lease_id: LeaseId,
+    pub lease_ttl_ms: u64,
+}
+
+/// How a granted lease ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LeaseEnd {
+    Released,
+    Expired,
+    Cancelled,
+}
+
+/// How a wait ended without a grant.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WaitEnd {
+    TimedOut,
+    Cancelled,
+    /// The waiter's turn came but the shard could not mint a token.
+    TokenSpaceExhausted,
+}
+
+/// Where one acquire stands (also what a retry by `requestId` reports).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AcquireStatus {
+    /// Granted and still held.
+    Held {
+        token: FencingToken,
+        expires_at_ms: u64,
+        lease_ttl_ms: u64,
+    },
+    /// Granted, and the holding has ended since.
+    Ended {
+        token: FencingToken,
+        ended: LeaseEnd,
+    },
+    /// Queued; `position` 1 is next in line.
+    Queued {
+        position: u32,
+        wait_deadline_ms: u64,
+    },
+    /// The wait ended without a grant.
+    WaitEnded(WaitEnd),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AcquireReply {
+    pub lease_id: LeaseId,
+    /// True when this answers a retry of an earlier acquire with the same
+    /// `requestId` (the lease id is then the original one).
+    pub deduplicated: bool,
+    pub status: AcquireStatus,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Renewed {
+    pub expires_at_ms: u64,
+    pub lease_ttl_ms: u64,
+}
+
+/// What the retire work of one `Tick` did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TickReport {
+    pub leases_expired: u32,
+    pub waiters_timed_out: u32,
+    pub dedup_forgotten: u32,
+    /// True when the per-tick limit stopped the work: tick again soon.
+    pub more_due: bool,
+}
+
+/// The direct answer to a command.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Reply {
+    Acquire(AcquireReply),
+    Renewed(Renewed),
+    RenewedBatch(Vec<Result<Renewed, LockError>>),
+    Released { released: bool },
+    Cancelled { removed: bool },
+    LeaderChanged { leases_extended: u32 },
+    Ticked(TickReport),
+}
+
+/// Something that happened to a lease or waiter as a side effect of a
+/// command: the server uses these to answer waiting RPCs and to audit.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Event {
+    Granted {
+        resource: ResourceName,
+        lease_id: LeaseId,
+        request_id: RequestId,
+        token: FencingToken,
+        expires_at_ms: u64,
+        /// True when the grant was a hand-off to a queued waiter.
+        from_queue: bool,
+    },
+    LeaseEnded {
+        resource: ResourceName,
+        lease_id: LeaseId,
+        token: FencingToken,
+        ended: LeaseEnd,
+    },
+    WaitEnded {
+        resource: ResourceName,
+        lease_id: LeaseId,
+        request_id: RequestId,
+        ended: WaitEnd,
+    },
+}
+
+/// The result of applying one command.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Outcome {
+    pub reply: Result<Reply, LockError>,
+    pub events: Vec<Event>,
+}
+
+/// A read of one resource's lock state (for `Get`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LockView {
+    pub lease_id: LeaseId,
+    pub token: FencingToken,
+    pub expires_at_ms: u64,
+    pub granted_at_ms: u64,
+    pub queue_len: u32,
+}
