@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Installs (or names) the system packages the build needs on a fresh machine.
+#
+# - a C/C++ toolchain and libclang: RocksDB's Rust bindings build RocksDB from
+#   source and generate their FFI with bindgen, which loads libclang;
+# - no `protoc`: our protos are compiled in build.rs by protox (pure Rust).
+#
+# Installs with apt-get when it can (root, or sudo without a password);
+# otherwise prints the exact command and fails.
+set -euo pipefail
+
+missing=()
+have_libclang() {
+  ldconfig -p 2>/dev/null | grep -q 'libclang[-.0-9]*\.so' && return 0
+  compgen -G '/usr/lib/llvm-*/lib/libclang*.so*' >/dev/null
+}
+have_libclang || missing+=(libclang-dev)
+command -v c++ >/dev/null || missing+=(g++)
+command -v make >/dev/null || missing+=(make)
+command -v cargo >/dev/null || {
+  echo "error: cargo not found. Install Rust (https://rustup.rs) >= 1.88, then re-run." >&2
+  exit 1
+}
+
+[ ${#missing[@]} -eq 0 ] && exit 0
+
+echo "fencelock: installing missing build packages: ${missing[*]}" >&2
+if [ "$(id -u)" = 0 ]; then
+  sudo=""
+elif command -v sudo >/dev/null && sudo -n true 2>/dev/null; then
+  sudo="sudo -n"
+else
+  echo "error: missing packages ${missing[*]}; install them with:" >&2
+  echo "  sudo apt-get update && sudo apt-get install -y ${missing[*]}" >&2
+  exit 1
+fi
+if ! command -v apt-get >/dev/null; then
+  echo "error: no apt-get here; install the equivalents of: ${missing[*]}" >&2
+  exit 1
+fi
+export DEBIAN_FRONTEND=noninteractive
+$sudo apt-get update -qq
+$sudo apt-get install -y -qq "${missing[@]}" >/dev/null
+echo "fencelock: installed ${missing[*]}" >&2
