@@ -425,6 +425,7 @@ impl LockTable {
                     request_id: request_id.clone(),
                     token,
                     expires_at_ms,
+                    lease_ttl_ms,
                     from_queue: false,
                 });
                 AcquireStatus::Held {
@@ -672,6 +673,7 @@ impl LockTable {
                             request_id: waiter.request_id.clone(),
                             token,
                             expires_at_ms,
+                            lease_ttl_ms: waiter.lease_ttl_ms,
                             from_queue: true,
                         });
                         let holder = Holder {

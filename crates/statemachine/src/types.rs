@@ -220,6 +220,7 @@ pub enum Event {
         request_id: RequestId,
         token: FencingToken,
         expires_at_ms: u64,
+        lease_ttl_ms: u64,
         /// True when the grant was a hand-off to a queued waiter.
         from_queue: bool,
     },

@@ -264,6 +264,7 @@ impl Model {
                     request_id: w.req.clone(),
                     token,
                     expires_at_ms: expires,
+                    lease_ttl_ms: w.ttl,
                     from_queue: true,
                 });
                 let h = MHolder {
@@ -416,6 +417,7 @@ impl Model {
                 request_id: req.clone(),
                 token,
                 expires_at_ms: expires,
+                lease_ttl_ms: ttl,
                 from_queue: false,
             });
             AcquireStatus::Held {
