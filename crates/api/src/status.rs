@@ -78,7 +78,8 @@ fn policy(reason: Reason) -> (Code, RetryPolicy) {
         | R::NoQuorum
         | R::LeaderNotReady
         | R::TokenSpaceExhausted
-        | R::ShuttingDown => (Code::Unavailable, P::Backoff),
+        | R::ShuttingDown
+        | R::ServerBusy => (Code::Unavailable, P::Backoff),
 
         R::EpochNotMatch => (Code::Aborted, P::Immediately),
         R::ShardNotFound | R::NodeNotFound => (Code::NotFound, P::Never),
@@ -301,6 +302,8 @@ mod tests {
         assert_eq!(code_for(Reason::QueueFull), Code::ResourceExhausted);
         assert_eq!(code_for(Reason::WaitCancelled), Code::Cancelled);
         assert_eq!(code_for(Reason::ShardNotFound), Code::NotFound);
+        assert_eq!(code_for(Reason::ServerBusy), Code::Unavailable);
+        assert_eq!(default_retry(Reason::ServerBusy), RetryPolicy::Backoff);
         assert_eq!(default_retry(Reason::LeaseNotHeld), RetryPolicy::Never);
         assert_eq!(
             default_retry(Reason::OutcomeUnknown),

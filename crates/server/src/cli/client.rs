@@ -1,0 +1,682 @@
+//! `fencelock acquire | renew | release | get`: a minimal client.
+//!
+//! Each command sends one request and follows the error contract of
+//! `errors.proto`: NOT_LEADER answers are followed to the hinted leader (at
+//! most [`MAX_LEADER_HOPS`] hops) and UNAVAILABLE answers are retried with
+//! jittered exponential backoff (at most [`MAX_RETRIES`] times), always with
+//! the same request, so a retried acquire keeps its `request_id` and can
+//! never be granted twice. A hinted leader that cannot be reached sends the
+//! retry back to the first endpoint, which learns the new leader.
+
+use std::future::Future;
+use std::time::Duration;
+
+use clap::Args;
+use fencelock_api::v1::lock_service_client::LockServiceClient;
+use fencelock_api::v1::{
+    AcquireRequest, ErrorDetail, GetRequest, LeaseState, Reason, ReleaseRequest, RenewRequest,
+    RetryPolicy,
+};
+use rand::Rng as _;
+use tonic::transport::{Channel, Endpoint};
+use tonic::Code;
+
+use super::json::Object;
+use super::{ClientOpts, Output, EXIT_LOCK, EXIT_OK, EXIT_OTHER, EXIT_UNAVAILABLE, EXIT_USAGE};
+
+/// NOT_LEADER redirects followed before giving up.
+pub const MAX_LEADER_HOPS: u32 = 5;
+/// Retries of an UNAVAILABLE answer (other than a redirect) before giving up.
+pub const MAX_RETRIES: u32 = 5;
+/// First backoff step; doubles per retry up to [`MAX_BACKOFF`].
+const BASE_BACKOFF: Duration = Duration::from_millis(100);
+const MAX_BACKOFF: Duration = Duration::from_secs(2);
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+/// Deadline of a call that does not wait in a queue.
+const CALL_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long an acquire's deadline exceeds its wait timeout, so the server's
+/// answer (granted or WAIT_TIMED_OUT) arrives before the deadline.
+const WAIT_DEADLINE_MARGIN: Duration = Duration::from_secs(10);
+/// Length of a generated request id, in bytes.
+const REQUEST_ID_LEN: usize = 16;
+
+/// Bytes given in hex on the command line.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Hex(Vec<u8>);
+
+fn parse_request_id(s: &str) -> Result<Hex, String> {
+    let bytes = hex::decode(s).map_err(|e| format!("not hex: {e}"))?;
+    if bytes.is_empty() || bytes.len() > fencelock_statemachine::limits::MAX_REQUEST_ID_LEN {
+        return Err(format!(
+            "must be 1..={} bytes (2 hex digits per byte), got {}",
+            fencelock_statemachine::limits::MAX_REQUEST_ID_LEN,
+            bytes.len()
+        ));
+    }
+    Ok(Hex(bytes))
+}
+
+fn parse_lease_id(s: &str) -> Result<Hex, String> {
+    let bytes = hex::decode(s).map_err(|e| format!("not hex: {e}"))?;
+    let len = fencelock_statemachine::limits::LEASE_ID_LEN;
+    if bytes.len() != len {
+        return Err(format!(
+            "must be {len} bytes ({} hex digits), got {} bytes",
+            2 * len,
+            bytes.len()
+        ));
+    }
+    Ok(Hex(bytes))
+}
+
+#[derive(Debug, Args)]
+pub struct AcquireArgs {
+    /// The resource, `tenant/path` (for example `demo/orders/42`).
+    resource: String,
+    /// Lease TTL in milliseconds. Absent or 0: the server's default.
+    #[arg(long, value_name = "MS")]
+    ttl_ms: Option<u64>,
+    /// Wait up to this long in the resource's queue if it is held. 0: fail at
+    /// once with LOCK_HELD.
+    #[arg(long, value_name = "MS", default_value_t = 0)]
+    wait_ms: u64,
+    /// The acquire's request id in hex (1 to 64 bytes). Default: 16 random
+    /// bytes, printed so that an acquire whose outcome is unknown can be
+    /// retried with the same id (it is then never granted twice).
+    #[arg(long, value_name = "HEX", value_parser = parse_request_id)]
+    request_id: Option<Hex>,
+    #[command(flatten)]
+    opts: ClientOpts,
+}
+
+#[derive(Debug, Args)]
+pub struct RenewArgs {
+    /// The resource the lease holds.
+    resource: String,
+    /// The lease id printed by `acquire` (32 hex digits).
+    #[arg(value_name = "LEASE_ID_HEX", value_parser = parse_lease_id)]
+    lease_id: Hex,
+    /// New lease TTL in milliseconds. Absent or 0: keep the lease's TTL.
+    #[arg(long, value_name = "MS")]
+    ttl_ms: Option<u64>,
+    #[command(flatten)]
+    opts: ClientOpts,
+}
+
+#[derive(Debug, Args)]
+pub struct ReleaseArgs {
+    /// The resource the lease holds.
+    resource: String,
+    /// The lease id printed by `acquire` (32 hex digits).
+    #[arg(value_name = "LEASE_ID_HEX", value_parser = parse_lease_id)]
+    lease_id: Hex,
+    #[command(flatten)]
+    opts: ClientOpts,
+}
+
+#[derive(Debug, Args)]
+pub struct GetArgs {
+    /// The resource to inspect.
+    resource: String,
+    #[command(flatten)]
+    opts: ClientOpts,
+}
+
+pub async fn acquire(args: AcquireArgs) -> u8 {
+    let request_id = match args.request_id {
+        Some(Hex(bytes)) => bytes,
+        None => rand::random::<[u8; REQUEST_ID_LEN]>().to_vec(),
+    };
+    let request = AcquireRequest {
+        resource: args.resource.clone(),
+        request_id: request_id.clone(),
+        lease_ttl_ms: args.ttl_ms.unwrap_or(0),
+        wait_timeout_ms: args.wait_ms,
+    };
+    let timeout = Duration::from_millis(args.wait_ms).saturating_add(WAIT_DEADLINE_MARGIN);
+    let result = call(&args.opts, timeout, |mut client| {
+        let request = request.clone();
+        async move { client.acquire(request).await }
+    })
+    .await;
+    let request_id_hex = hex::encode(&request_id);
+    let response = match result {
+        Ok(response) => response,
+        Err(failure) => {
+            let context = Object::new()
+                .with("resource", args.resource.as_str())
+                .with("request_id", request_id_hex.as_str());
+            let code = report_failure(&args.opts, failure, context);
+            if code == EXIT_UNAVAILABLE {
+                eprintln!(
+                    "note: the acquire may have been granted; retry it with --request-id {request_id_hex} \
+                     to get its outcome without a second grant"
+                );
+            }
+            return code;
+        }
+    };
+    let state = response.lease_state();
+    let object = Object::new()
+        .with("ok", true)
+        .with("resource", args.resource.as_str())
+        .with("lease_id", hex::encode(&response.lease_id))
+        .with("fencing_token", response.fencing_token)
+        .with("expires_at_ms", response.expires_at_ms)
+        .with("lease_ttl_ms", response.lease_ttl_ms)
+        .with("lease_state", lease_state_name(state))
+        .with("deduplicated", response.deduplicated)
+        .with("shard_id", response.shard_id)
+        .with("epoch", response.epoch)
+        .with("request_id", request_id_hex);
+    print_success(&args.opts, &format!("acquired {}", args.resource), &object);
+    if state != LeaseState::Held {
+        // A retry of an acquire whose lease has since ended: it reports the
+        // original lease, which the caller no longer holds.
+        eprintln!(
+            "error: LEASE_NOT_HELD: this request id's lease is {}; you do not hold {} \
+             (acquire again with a new request id)",
+            lease_state_name(state),
+            args.resource
+        );
+        return EXIT_LOCK;
+    }
+    EXIT_OK
+}
+
+pub async fn renew(args: RenewArgs) -> u8 {
+    let request = RenewRequest {
+        resource: args.resource.clone(),
+        lease_id: args.lease_id.0.clone(),
+        lease_ttl_ms: args.ttl_ms.unwrap_or(0),
+    };
+    let result = call(&args.opts, CALL_TIMEOUT, |mut client| {
+        let request = request.clone();
+        async move { client.renew(request).await }
+    })
+    .await;
+    match result {
+        Ok(response) => {
+            let object = Object::new()
+                .with("ok", true)
+                .with("resource", args.resource.as_str())
+                .with("expires_at_ms", response.expires_at_ms)
+                .with("lease_ttl_ms", response.lease_ttl_ms);
+            print_success(&args.opts, &format!("renewed {}", args.resource), &object);
+            EXIT_OK
+        }
+        Err(failure) => {
+            let context = Object::new().with("resource", args.resource.as_str());
+            report_failure(&args.opts, failure, context)
+        }
+    }
+}
+
+pub async fn release(args: ReleaseArgs) -> u8 {
+    let request = ReleaseRequest {
+        resource: args.resource.clone(),
+        lease_id: args.lease_id.0.clone(),
+    };
+    let result = call(&args.opts, CALL_TIMEOUT, |mut client| {
+        let request = request.clone();
+        async move { client.release(request).await }
+    })
+    .await;
+    match result {
+        Ok(response) => {
+            let object = Object::new()
+                .with("ok", response.released)
+                .with("resource", args.resource.as_str())
+                .with("released", response.released);
+            if response.released {
+                print_success(&args.opts, &format!("released {}", args.resource), &object);
+                EXIT_OK
+            } else {
+                if args.opts.output == Output::Json {
+                    println!("{}", object.render());
+                }
+                eprintln!(
+                    "error: LEASE_NOT_HELD: the lease did not hold {} (already released, expired, \
+                     superseded or never granted); nothing was changed",
+                    args.resource
+                );
+                EXIT_LOCK
+            }
+        }
+        Err(failure) => {
+            let context = Object::new().with("resource", args.resource.as_str());
+            report_failure(&args.opts, failure, context)
+        }
+    }
+}
+
+pub async fn get(args: GetArgs) -> u8 {
+    let request = GetRequest {
+        resource: args.resource.clone(),
+    };
+    let result = call(&args.opts, CALL_TIMEOUT, |mut client| {
+        let request = request.clone();
+        async move { client.get(request).await }
+    })
+    .await;
+    match result {
+        Ok(response) => {
+            let object = Object::new()
+                .with("ok", true)
+                .with("resource", args.resource.as_str())
+                .with("held", response.held)
+                .with("fencing_token", response.fencing_token)
+                .with("expires_at_ms", response.expires_at_ms)
+                .with("queue_length", response.queue_length)
+                .with("last_token", response.last_token)
+                .with("shard_id", response.shard_id)
+                .with("epoch", response.epoch);
+            let headline = if response.held {
+                format!("{} is held", args.resource)
+            } else {
+                format!("{} is free", args.resource)
+            };
+            print_success(&args.opts, &headline, &object);
+            EXIT_OK
+        }
+        Err(failure) => {
+            let context = Object::new().with("resource", args.resource.as_str());
+            report_failure(&args.opts, failure, context)
+        }
+    }
+}
+
+/// Why a call failed.
+#[derive(Debug)]
+pub enum Failure {
+    /// The endpoint is not a valid URI.
+    BadEndpoint(String),
+    /// The server's answer, or a transport failure as UNAVAILABLE.
+    Status(tonic::Status),
+}
+
+/// `127.0.0.1:7001` → `http://127.0.0.1:7001`; URLs stay as they are.
+pub fn endpoint_url(endpoint: &str) -> String {
+    if endpoint.contains("://") {
+        endpoint.to_owned()
+    } else {
+        format!("http://{endpoint}")
+    }
+}
+
+async fn connect(url: &str, timeout: Duration) -> Result<LockServiceClient<Channel>, Failure> {
+    let endpoint = Endpoint::from_shared(url.to_owned())
+        .map_err(|e| Failure::BadEndpoint(format!("invalid endpoint {url:?}: {e}")))?
+        .connect_timeout(CONNECT_TIMEOUT)
+        .timeout(timeout);
+    let channel = endpoint.connect().await.map_err(|e| {
+        Failure::Status(tonic::Status::unavailable(format!(
+            "cannot connect to {url}: {}",
+            error_chain(&e)
+        )))
+    })?;
+    Ok(LockServiceClient::new(channel))
+}
+
+/// An error and its sources, `a: b: c`.
+fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(e) = source {
+        text.push_str(": ");
+        text.push_str(&e.to_string());
+        source = e.source();
+    }
+    text
+}
+
+/// What to do after a failed attempt.
+#[derive(Debug, PartialEq, Eq)]
+enum Next {
+    /// Send the same request to this leader now.
+    Redirect(String),
+    /// Send the same request again after this delay.
+    Retry(Duration),
+    /// Give up with this error.
+    Fail,
+}
+
+/// The error contract's advice for `status`, given how many redirects and
+/// retries were already spent.
+fn next_step(status: &tonic::Status, hops: u32, retries: u32) -> Next {
+    let detail = ErrorDetail::from_status(status);
+    if let Some(detail) = &detail {
+        if detail.reason() == Reason::NotLeader && hops < MAX_LEADER_HOPS {
+            if let Some(leader) = detail.leader.as_ref().filter(|l| !l.address.is_empty()) {
+                return Next::Redirect(endpoint_url(&leader.address));
+            }
+        }
+    }
+    if status.code() != Code::Unavailable || retries >= MAX_RETRIES {
+        return Next::Fail;
+    }
+    if let Some(detail) = &detail {
+        if detail.retry_hint() == fencelock_api::status::RetryHint::Never {
+            return Next::Fail;
+        }
+    }
+    let backoff = BASE_BACKOFF
+        .saturating_mul(1 << retries.min(16))
+        .min(MAX_BACKOFF);
+    let suggested = detail
+        .as_ref()
+        .map(|d| Duration::from_millis(d.retry_after_ms))
+        .unwrap_or_default();
+    let delay = backoff.max(suggested.min(MAX_BACKOFF));
+    // Up to 50% jitter, so many clients retrying together spread out.
+    let jitter_ms = rand::rng().random_range(0..=delay.as_millis() as u64 / 2);
+    Next::Retry(delay + Duration::from_millis(jitter_ms))
+}
+
+/// Runs `rpc` against the endpoint, following leader hints and retrying
+/// UNAVAILABLE answers. `rpc` must send the same request every time.
+async fn call<T, F, Fut>(opts: &ClientOpts, timeout: Duration, mut rpc: F) -> Result<T, Failure>
+where
+    F: FnMut(LockServiceClient<Channel>) -> Fut,
+    Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+{
+    let first = endpoint_url(&opts.endpoint);
+    let mut url = first.clone();
+    let mut hops = 0;
+    let mut retries = 0;
+    loop {
+        let mut unreachable = false;
+        let status = match connect(&url, timeout).await {
+            Ok(client) => match rpc(client).await {
+                Ok(response) => return Ok(response.into_inner()),
+                Err(status) => status,
+            },
+            Err(Failure::Status(status)) => {
+                unreachable = true;
+                status
+            }
+            Err(failure) => return Err(failure),
+        };
+        match next_step(&status, hops, retries) {
+            Next::Redirect(leader) => {
+                hops += 1;
+                if opts.verbose {
+                    eprintln!("note: {url} is not the leader; following the hint to {leader}");
+                }
+                url = leader;
+            }
+            Next::Retry(delay) => {
+                retries += 1;
+                if opts.verbose {
+                    eprintln!(
+                        "note: {} from {url}; retry {retries}/{MAX_RETRIES} in {} ms",
+                        describe(&status).0,
+                        delay.as_millis()
+                    );
+                }
+                if unreachable && url != first {
+                    // The hinted leader is gone (it may be why the hint is
+                    // stale): ask the first node again, which learns the new
+                    // leader from the next election.
+                    url = first.clone();
+                }
+                tokio::time::sleep(delay).await;
+            }
+            Next::Fail => return Err(Failure::Status(status)),
+        }
+    }
+}
+
+/// `InvalidArgument` → `INVALID_ARGUMENT`.
+fn code_name(code: Code) -> String {
+    let mut name = String::new();
+    for (i, c) in format!("{code:?}").chars().enumerate() {
+        if c.is_ascii_uppercase() && i > 0 {
+            name.push('_');
+        }
+        name.push(c.to_ascii_uppercase());
+    }
+    name
+}
+
+fn reason_name(detail: &ErrorDetail) -> String {
+    match Reason::try_from(detail.reason) {
+        Ok(reason) => {
+            let name = reason.as_str_name();
+            name.strip_prefix("REASON_").unwrap_or(name).to_owned()
+        }
+        Err(_) => format!("REASON_{}", detail.reason),
+    }
+}
+
+fn lease_state_name(state: LeaseState) -> &'static str {
+    let name = state.as_str_name();
+    name.strip_prefix("LEASE_STATE_").unwrap_or(name)
+}
+
+/// The reason (or, without a detail, the gRPC code) and the message.
+fn describe(status: &tonic::Status) -> (String, String) {
+    match ErrorDetail::from_status(status) {
+        Some(detail) => (reason_name(&detail), detail.message),
+        None => (code_name(status.code()), status.message().to_owned()),
+    }
+}
+
+/// The exit code for a failed call (see `EXIT_CODES_HELP`).
+pub fn exit_code(status: &tonic::Status) -> u8 {
+    if let Some(detail) = ErrorDetail::from_status(status) {
+        match detail.reason() {
+            Reason::LockHeld
+            | Reason::WaitTimedOut
+            | Reason::QueueFull
+            | Reason::TenantWaitersExceeded
+            | Reason::LeaseNotHeld
+            | Reason::HoldLimitReached => return EXIT_LOCK,
+            _ => {}
+        }
+    }
+    match status.code() {
+        Code::InvalidArgument => EXIT_USAGE,
+        Code::Unavailable | Code::DeadlineExceeded => EXIT_UNAVAILABLE,
+        _ => EXIT_OTHER,
+    }
+}
+
+/// Prints `error: REASON: message` to stderr (and, with `--output json`, the
+/// error as JSON on stdout); returns the exit code.
+fn report_failure(opts: &ClientOpts, failure: Failure, context: Object) -> u8 {
+    let status = match failure {
+        Failure::BadEndpoint(message) => {
+            eprintln!("error: {message}");
+            return EXIT_USAGE;
+        }
+        Failure::Status(status) => status,
+    };
+    let (reason, message) = describe(&status);
+    eprintln!("error: {reason}: {message}");
+    if opts.output == Output::Json {
+        println!("{}", error_object(&status, context).render());
+    }
+    exit_code(&status)
+}
+
+/// The error as a flat JSON object: `context`, then every field of the
+/// detail that is set.
+fn error_object(status: &tonic::Status, context: Object) -> Object {
+    let (reason, message) = describe(status);
+    let mut object = Object::new().with("ok", false);
+    for (key, value) in context.fields() {
+        object = object.with(key, value.clone());
+    }
+    object = object
+        .with("reason", reason)
+        .with("code", code_name(status.code()))
+        .with("message", message);
+    let Some(d) = ErrorDetail::from_status(status) else {
+        return object;
+    };
+    let retry = match RetryPolicy::try_from(d.retry) {
+        Ok(RetryPolicy::Unspecified) | Err(_) => fencelock_api::status::default_retry(d.reason()),
+        Ok(policy) => policy,
+    };
+    let retry = retry.as_str_name();
+    object = object.with(
+        "retry",
+        retry.strip_prefix("RETRY_POLICY_").unwrap_or(retry),
+    );
+    let numbers = [
+        ("retry_after_ms", d.retry_after_ms),
+        ("shard_id", d.shard_id),
+        ("current_epoch", d.current_epoch),
+        ("map_version", d.map_version),
+        ("holder_expires_at_ms", d.holder_expires_at_ms),
+        ("queue_length", u64::from(d.queue_length)),
+        ("min_allowed", d.min_allowed),
+        ("max_allowed", d.max_allowed),
+    ];
+    for (key, value) in numbers {
+        if value != 0 {
+            object = object.with(key, value);
+        }
+    }
+    if !d.field.is_empty() {
+        object = object.with("field", d.field.clone());
+    }
+    if let Some(leader) = &d.leader {
+        object = object
+            .with("leader_node_id", leader.node_id)
+            .with("leader_address", leader.address.clone());
+    }
+    object
+}
+
+fn print_success(opts: &ClientOpts, headline: &str, object: &Object) {
+    match opts.output {
+        Output::Json => println!("{}", object.render()),
+        Output::Human => {
+            println!("{headline}");
+            for (key, value) in object.fields() {
+                if *key != "ok" && *key != "resource" {
+                    println!("  {key:<14} {value}");
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fencelock_api::v1::LeaderHint;
+
+    fn status(detail: ErrorDetail) -> tonic::Status {
+        detail.to_status()
+    }
+
+    #[test]
+    fn not_leader_with_a_hint_redirects_until_the_hop_limit() {
+        let s = status(ErrorDetail {
+            leader: Some(LeaderHint {
+                node_id: 2,
+                address: "127.0.0.1:7002".into(),
+            }),
+            ..ErrorDetail::new(Reason::NotLeader, "")
+        });
+        assert_eq!(
+            next_step(&s, 0, 0),
+            Next::Redirect("http://127.0.0.1:7002".into())
+        );
+        // Out of hops: an UNAVAILABLE answer, so retried with backoff.
+        assert!(matches!(next_step(&s, MAX_LEADER_HOPS, 0), Next::Retry(_)));
+        assert_eq!(next_step(&s, MAX_LEADER_HOPS, MAX_RETRIES), Next::Fail);
+    }
+
+    #[test]
+    fn unavailable_is_retried_with_growing_backoff_and_others_are_not() {
+        let busy = status(ErrorDetail::new(Reason::NoQuorum, ""));
+        let Next::Retry(first) = next_step(&busy, 0, 0) else {
+            panic!("retried")
+        };
+        let Next::Retry(third) = next_step(&busy, 0, 2) else {
+            panic!("retried")
+        };
+        assert!(first >= BASE_BACKOFF && first <= BASE_BACKOFF * 3 / 2);
+        assert!(third >= BASE_BACKOFF * 4);
+        assert_eq!(next_step(&busy, 0, MAX_RETRIES), Next::Fail);
+        // A transport failure has no detail and is retried too.
+        assert!(matches!(
+            next_step(&tonic::Status::unavailable("connection refused"), 0, 0),
+            Next::Retry(_)
+        ));
+        for reason in [
+            Reason::LockHeld,
+            Reason::LeaseNotHeld,
+            Reason::InvalidResource,
+        ] {
+            assert_eq!(
+                next_step(&status(ErrorDetail::new(reason, "")), 0, 0),
+                Next::Fail
+            );
+        }
+    }
+
+    #[test]
+    fn exit_codes_follow_the_documented_table() {
+        let code = |reason| exit_code(&status(ErrorDetail::new(reason, "")));
+        assert_eq!(code(Reason::LockHeld), EXIT_LOCK);
+        assert_eq!(code(Reason::WaitTimedOut), EXIT_LOCK);
+        assert_eq!(code(Reason::LeaseNotHeld), EXIT_LOCK);
+        assert_eq!(code(Reason::InvalidResource), EXIT_USAGE);
+        assert_eq!(code(Reason::TtlOutOfRange), EXIT_USAGE);
+        assert_eq!(code(Reason::NoQuorum), EXIT_UNAVAILABLE);
+        assert_eq!(code(Reason::NotLeader), EXIT_UNAVAILABLE);
+        assert_eq!(code(Reason::ServerBusy), EXIT_UNAVAILABLE);
+        assert_eq!(code(Reason::Internal), EXIT_OTHER);
+        assert_eq!(code(Reason::EpochNotMatch), EXIT_OTHER);
+        assert_eq!(
+            exit_code(&tonic::Status::deadline_exceeded("")),
+            EXIT_UNAVAILABLE
+        );
+        assert_eq!(exit_code(&tonic::Status::unknown("")), EXIT_OTHER);
+    }
+
+    #[test]
+    fn errors_print_as_reason_and_message() {
+        let s = status(ErrorDetail::new(Reason::LockHeld, "resource is held"));
+        assert_eq!(
+            describe(&s),
+            ("LOCK_HELD".to_owned(), "resource is held".to_owned())
+        );
+        let s = tonic::Status::unavailable("cannot connect");
+        assert_eq!(
+            describe(&s),
+            ("UNAVAILABLE".to_owned(), "cannot connect".to_owned())
+        );
+    }
+
+    #[test]
+    fn error_json_carries_the_hint_fields() {
+        let s = status(ErrorDetail {
+            holder_expires_at_ms: 1_700_000_000_000,
+            queue_length: 2,
+            shard_id: 3,
+            ..ErrorDetail::new(Reason::LockHeld, "held")
+        });
+        let json = error_object(&s, Object::new().with("resource", "demo/a")).render();
+        assert_eq!(
+            json,
+            r#"{"ok":false,"resource":"demo/a","reason":"LOCK_HELD","code":"ABORTED","message":"held","retry":"BACKOFF","shard_id":3,"holder_expires_at_ms":1700000000000,"queue_length":2}"#
+        );
+    }
+
+    #[test]
+    fn ids_parse_from_hex() {
+        assert_eq!(parse_request_id("00ff"), Ok(Hex(vec![0, 255])));
+        assert!(parse_request_id("").is_err());
+        assert!(parse_request_id(&"ab".repeat(65)).is_err());
+        assert!(parse_lease_id(&"ab".repeat(16)).is_ok());
+        assert!(parse_lease_id(&"ab".repeat(15)).is_err());
+        assert_eq!(endpoint_url("10.0.0.1:7001"), "http://10.0.0.1:7001");
+        assert_eq!(endpoint_url("https://x:1"), "https://x:1");
+    }
+}

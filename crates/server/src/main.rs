@@ -1,0 +1,13 @@
+//! The `fencelock` binary: run a node (`serve`), a local cluster (`dev`),
+//! check a config file, and take, renew, release and inspect locks from the
+//! command line. See `fencelock --help`.
+
+mod cli;
+
+use clap::Parser;
+
+#[tokio::main]
+async fn main() -> std::process::ExitCode {
+    let args = cli::Cli::parse();
+    std::process::ExitCode::from(cli::run(args).await)
+}

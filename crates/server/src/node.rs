@@ -1,0 +1,149 @@
+//! Wiring of one node: storage, store loop, transport and gRPC server.
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+
+use fencelock_api::v1::lock_service_server::LockServiceServer;
+use fencelock_raftstore::RocksEngine;
+use tokio::sync::oneshot;
+
+use crate::config::NodeConfig;
+use crate::errors::ServerError;
+use crate::netfilter::NetworkRules;
+use crate::service::LockServiceImpl;
+use crate::shard_map::ShardMap;
+use crate::store::{ShardStatus, Store, StoreMsg, StoreSender};
+use crate::transport::{RaftService, Transport};
+
+/// How long shutdown waits for in-flight client calls to finish.
+const SERVER_STOP_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// A running node. Dropping it without `shutdown` leaves threads running
+/// until the process exits; tests and the binary call `shutdown`.
+pub struct Node {
+    addr: SocketAddr,
+    store_tx: StoreSender,
+    store_thread: Option<std::thread::JoinHandle<()>>,
+    server_stop: Option<oneshot::Sender<()>>,
+    server_task: Option<tokio::task::JoinHandle<()>>,
+    transport: Arc<Transport>,
+    raft_service: RaftService,
+    status: Arc<Mutex<Vec<ShardStatus>>>,
+}
+
+impl Node {
+    /// Starts a node with no injected faults.
+    pub async fn start(config: NodeConfig) -> Result<Node, ServerError> {
+        Self::start_with_rules(config, Arc::new(NetworkRules::default())).await
+    }
+
+    /// Starts a node whose outgoing peer traffic obeys `rules` (tests).
+    pub async fn start_with_rules(
+        config: NodeConfig,
+        rules: Arc<NetworkRules>,
+    ) -> Result<Node, ServerError> {
+        config.validate().map_err(ServerError::Config)?;
+        std::fs::create_dir_all(&config.data_dir)
+            .map_err(|e| ServerError::Storage(format!("{}: {e}", config.data_dir.display())))?;
+        let engine = Arc::new(
+            RocksEngine::open(config.data_dir.join("db"))
+                .map_err(|e| ServerError::Storage(e.to_string()))?,
+        );
+        let listener = tokio::net::TcpListener::bind(&config.listen_addr)
+            .await
+            .map_err(|e| ServerError::Storage(format!("bind {}: {e}", config.listen_addr)))?;
+        let addr = listener
+            .local_addr()
+            .map_err(|e| ServerError::Internal(e.to_string()))?;
+        let transport = Arc::new(Transport::new(
+            config.node_id,
+            config.peer_map(),
+            rules,
+            config.raft.peer_queue_depth,
+            tokio::runtime::Handle::current(),
+        ));
+        let (store_tx, store_rx) = crossbeam_channel::bounded(config.raft.store_queue_depth);
+        let status = Arc::new(Mutex::new(Vec::new()));
+        let shards = ShardMap::new(config.shard_count);
+        let default_ttl = config.lock.default_lease_ttl_ms;
+        let store = Store::open(
+            config.clone(),
+            engine,
+            transport.clone(),
+            store_rx,
+            status.clone(),
+        )?;
+        let store_thread = std::thread::Builder::new()
+            .name(format!("store-{}", config.node_id))
+            .spawn(move || store.run())
+            .map_err(|e| ServerError::Internal(e.to_string()))?;
+
+        let inbound = store_tx.clone();
+        let raft_service = RaftService::new(Arc::new(move |_from, envelopes| {
+            // A full inbox drops the batch: Raft retransmits.
+            let _ = inbound.try_send(StoreMsg::Raft { envelopes });
+        }));
+        let raft_service_handle = raft_service.clone();
+        let lock_service = LockServiceImpl::new(store_tx.clone(), shards, default_ttl);
+        let (stop_tx, stop_rx) = oneshot::channel::<()>();
+        let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+        let server_task = tokio::spawn(async move {
+            let result = tonic::transport::Server::builder()
+                .add_service(LockServiceServer::new(lock_service))
+                .add_service(raft_service.into_server())
+                .serve_with_incoming_shutdown(incoming, async {
+                    let _ = stop_rx.await;
+                })
+                .await;
+            if let Err(e) = result {
+                tracing::error!("gRPC server stopped: {e}");
+            }
+        });
+        Ok(Node {
+            addr,
+            store_tx,
+            store_thread: Some(store_thread),
+            server_stop: Some(stop_tx),
+            server_task: Some(server_task),
+            transport,
+            raft_service: raft_service_handle,
+            status,
+        })
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Leadership and progress of every shard on this node.
+    pub fn shard_status(&self) -> Vec<ShardStatus> {
+        self.status.lock().map(|s| s.clone()).unwrap_or_default()
+    }
+
+    /// Stops serving, stops the store loop (answering what is in flight with
+    /// SHUTTING_DOWN) and closes the database.
+    pub async fn shutdown(mut self) {
+        // Peer streams never end on their own: close them first, or peers
+        // would keep feeding a stopped store through live connections.
+        self.raft_service.close();
+        if let Some(stop) = self.server_stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(mut task) = self.server_task.take() {
+            if tokio::time::timeout(SERVER_STOP_GRACE, &mut task)
+                .await
+                .is_err()
+            {
+                task.abort();
+                let _ = task.await;
+            }
+        }
+        self.transport.shutdown();
+        // The inbox may be full; a blocking send still gets through once the
+        // loop drains it.
+        let _ = self.store_tx.send(StoreMsg::Shutdown);
+        if let Some(thread) = self.store_thread.take() {
+            let _ = tokio::task::spawn_blocking(move || thread.join()).await;
+        }
+    }
+}

@@ -1,0 +1,1008 @@
+//! The multi-Raft store loop.
+//!
+//! One thread owns every shard replica on this node: its raft-rs `RawNode`
+//! (over a `ShardStorage` on the node's single RocksDB) and its `LockTable`.
+//! Each iteration of the loop:
+//!
+//! 1. blocks until something happens — a request, Raft messages from a peer,
+//!    or a tick of the Raft timer (no sleep-polling);
+//! 2. drains what else is queued (bounded), so many requests share the
+//!    iteration;
+//! 3. proposes each shard's queued commands as few Raft entries (up to
+//!    `max_commands_per_entry` commands each), stamped with the leader's time;
+//! 4. collects every shard's `Ready`, stages all of them into **one**
+//!    `WriteBatch` and writes it with one synced write (group commit);
+//! 5. sends messages, applies committed entries to the lock tables, answers
+//!    the requests whose entries applied, and advances the `RawNode`s.
+//!
+//! Replies come from apply: a request is answered only after its entry was
+//! committed by a majority and applied. Waiting acquires stay registered
+//! until an event from a later apply (grant, timeout, cancel) ends them.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use crossbeam_channel::{Receiver, Sender};
+use fencelock_raftstore::{RocksEngine, ShardStorage, WriteBatch};
+use fencelock_statemachine::{
+    AcquireReply, AcquireStatus, ApplyContext, Command, Event, LeaseId, LockTable, LockView, Reply,
+    ResourceName,
+};
+use raft::prelude::{Entry, EntryType, Message};
+use raft::{RawNode, StateRole};
+use tokio::sync::oneshot;
+
+use crate::config::NodeConfig;
+use crate::errors::{LeaderInfo, ServerError};
+use crate::shard_map::ShardMap;
+use crate::transport::{Envelope, Transport};
+
+/// Requests and messages drained per loop iteration before proposing: bounds
+/// the latency one iteration adds while still batching under load.
+const MAX_MSGS_PER_ITERATION: usize = 4_096;
+/// Entries kept in the log behind the latest snapshot (at most half the
+/// snapshot interval), so a follower that is only a little behind catches up
+/// from the log rather than by snapshot.
+const LOG_KEEP_BEHIND_SNAPSHOT: u64 = 1_000;
+/// Version byte of a Raft entry payload.
+const PAYLOAD_VERSION: u8 = 1;
+
+pub type AcquireResult = Result<AcquireReply, ServerError>;
+pub type ReplyResult = Result<Reply, ServerError>;
+
+/// Who waits for the outcome of one command.
+pub enum Responder {
+    /// Internal commands (ticks, leader changes, cancels).
+    None,
+    /// Renew, release, cancel, batch renew: answered at apply.
+    Reply(oneshot::Sender<ReplyResult>),
+    /// Acquire: answered when granted or when the wait ends.
+    Acquire {
+        resource: ResourceName,
+        tx: oneshot::Sender<AcquireResult>,
+    },
+}
+
+/// A linearizable read of one resource.
+pub struct ReadReply {
+    pub view: Option<LockView>,
+    pub epoch: u64,
+}
+
+/// Everything the store loop reacts to.
+pub enum StoreMsg {
+    Propose {
+        shard_id: u64,
+        command: Command,
+        responder: Responder,
+    },
+    Read {
+        shard_id: u64,
+        resource: ResourceName,
+        tx: oneshot::Sender<Result<ReadReply, ServerError>>,
+    },
+    Raft {
+        envelopes: Vec<Envelope>,
+    },
+    Shutdown,
+}
+
+/// A proposal in flight.
+struct Pending {
+    term: u64,
+    proposed_at: Instant,
+    responders: Vec<Responder>,
+}
+
+struct PendingRead {
+    resource: ResourceName,
+    tx: oneshot::Sender<Result<ReadReply, ServerError>>,
+    asked_at: Instant,
+    /// Set once raft reported the read index.
+    index: Option<u64>,
+}
+
+/// An acquire waiting in a resource's queue.
+struct Waiting {
+    resource: ResourceName,
+    tx: oneshot::Sender<AcquireResult>,
+}
+
+/// The leader's clock: wall time read once at election plus monotonic time
+/// since, so a wall-clock step during a term does not move lease time
+/// (assumption A3 in docs/safety.md).
+#[derive(Clone, Copy)]
+struct LeaderClock {
+    wall_ms_at_start: u64,
+    started: Instant,
+}
+
+impl LeaderClock {
+    fn now_ms(&self) -> u64 {
+        self.wall_ms_at_start + self.started.elapsed().as_millis() as u64
+    }
+}
+
+fn wall_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// One shard replica on this node.
+struct Peer {
+    shard_id: u64,
+    epoch: u64,
+    raw: RawNode<ShardStorage<RocksEngine>>,
+    table: LockTable,
+    queued: Vec<(Command, Responder)>,
+    pending: HashMap<u64, Pending>,
+    reads: HashMap<u64, PendingRead>,
+    waiting: HashMap<LeaseId, Waiting>,
+    clock: Option<LeaderClock>,
+    /// Propose `LeaderChanged` at the next flush.
+    needs_leader_changed: bool,
+    tick_in_flight: Option<u64>,
+    applied_index: u64,
+    applied_term: u64,
+    last_snapshot_index: u64,
+    snapshots_installed: u64,
+}
+
+impl Peer {
+    fn is_leader(&self) -> bool {
+        self.raw.raft.state == StateRole::Leader
+    }
+
+    /// Leader whose `LeaderChanged` entry has been applied in its term.
+    fn is_ready_leader(&self) -> bool {
+        self.is_leader() && self.table.leader_term() == self.raw.raft.term
+    }
+}
+
+/// Per-shard numbers for tests and admin views.
+#[derive(Clone, Debug, Default)]
+pub struct ShardStatus {
+    pub shard_id: u64,
+    pub leader_id: u64,
+    pub term: u64,
+    pub is_leader: bool,
+    pub applied_index: u64,
+    pub held: usize,
+    /// Snapshots received from a leader and installed since start.
+    pub snapshots_installed: u64,
+}
+
+pub struct Store {
+    node_id: u64,
+    config: NodeConfig,
+    engine: Arc<RocksEngine>,
+    peers: BTreeMap<u64, Peer>,
+    transport: Arc<Transport>,
+    inbox: Receiver<StoreMsg>,
+    next_id: u64,
+    status: Arc<std::sync::Mutex<Vec<ShardStatus>>>,
+    /// Deferred, unsynced writes (commit index, applied snapshots): flushed
+    /// with the next synced batch, or at the end of the iteration.
+    deferred: WriteBatch,
+}
+
+/// The store's side of the channel pair: requests come in here.
+pub type StoreSender = Sender<StoreMsg>;
+
+impl Store {
+    /// Opens (or bootstraps) every shard on this node.
+    pub fn open(
+        config: NodeConfig,
+        engine: Arc<RocksEngine>,
+        transport: Arc<Transport>,
+        inbox: Receiver<StoreMsg>,
+        status: Arc<std::sync::Mutex<Vec<ShardStatus>>>,
+    ) -> Result<Store, ServerError> {
+        use fencelock_raftstore::meta;
+        let storage_err = |e: fencelock_raftstore::Error| ServerError::Storage(e.to_string());
+        let node_id = config.node_id;
+        let voters: Vec<u64> = config.peer_map().keys().copied().collect();
+        let ident = meta::load_ident(engine.as_ref()).map_err(storage_err)?;
+        if ident.is_none() {
+            meta::init_store(
+                engine.as_ref(),
+                meta::NodeIdent {
+                    cluster_id: 1,
+                    node_id,
+                },
+            )
+            .map_err(storage_err)?;
+        } else if ident.as_ref().map(|i| i.node_id) != Some(node_id) {
+            return Err(ServerError::Storage(format!(
+                "data directory belongs to another node ({ident:?}), not node {node_id}"
+            )));
+        }
+        let mut shards = meta::registered_shards(engine.as_ref()).map_err(storage_err)?;
+        if shards.is_empty() {
+            // Bootstrap: every node starts every shard with the same static
+            // voter set, so the groups elect leaders without conf changes.
+            let mut batch = WriteBatch::new();
+            let mut cs = raft::prelude::ConfState::default();
+            cs.set_voters(voters.clone());
+            let mut storages = Vec::new();
+            for shard_id in 1..=u64::from(config.shard_count) {
+                meta::register_shard(&mut batch, shard_id);
+                let mut st = ShardStorage::open(engine.clone(), shard_id).map_err(storage_err)?;
+                st.set_conf_state(&cs, &mut batch).map_err(storage_err)?;
+                storages.push(st);
+                shards.push(shard_id);
+            }
+            use fencelock_raftstore::Engine;
+            engine.write(&batch, true).map_err(storage_err)?;
+            for mut st in storages {
+                st.on_persisted();
+            }
+        }
+        let logger = slog::Logger::root(slog::Discard, slog::o!());
+        let mut peers = BTreeMap::new();
+        for shard_id in shards {
+            let storage = ShardStorage::open(engine.clone(), shard_id).map_err(storage_err)?;
+            let (table, applied, applied_term) = match storage.state_machine_snapshot() {
+                Ok(Some(snap)) => {
+                    let table = LockTable::restore(snap.get_data()).map_err(|e| {
+                        ServerError::Storage(format!("shard {shard_id} snapshot: {e}"))
+                    })?;
+                    let md = snap.get_metadata();
+                    (table, md.index, md.term)
+                }
+                Ok(None) => (Self::new_table(&config)?, 0, 0),
+                Err(e) => return Err(storage_err(e)),
+            };
+            let raft_config = raft::Config {
+                id: node_id,
+                election_tick: config.raft.election_ticks as usize,
+                heartbeat_tick: config.raft.heartbeat_ticks as usize,
+                applied,
+                check_quorum: true,
+                pre_vote: true,
+                max_size_per_msg: 1 << 20,
+                max_inflight_msgs: 256,
+                ..Default::default()
+            };
+            let raw = RawNode::new(&raft_config, storage, &logger)
+                .map_err(|e| ServerError::Storage(format!("shard {shard_id}: {e}")))?;
+            peers.insert(
+                shard_id,
+                Peer {
+                    shard_id,
+                    epoch: ShardMap::initial_epoch(shard_id),
+                    raw,
+                    table,
+                    queued: Vec::new(),
+                    pending: HashMap::new(),
+                    reads: HashMap::new(),
+                    waiting: HashMap::new(),
+                    clock: None,
+                    needs_leader_changed: false,
+                    tick_in_flight: None,
+                    applied_index: applied,
+                    applied_term,
+                    last_snapshot_index: applied,
+                    snapshots_installed: 0,
+                },
+            );
+        }
+        Ok(Store {
+            node_id,
+            config,
+            engine,
+            peers,
+            transport,
+            inbox,
+            next_id: 1,
+            status,
+            deferred: WriteBatch::new(),
+        })
+    }
+
+    fn new_table(config: &NodeConfig) -> Result<LockTable, ServerError> {
+        LockTable::new(config.limits()).map_err(|e| ServerError::Internal(e.to_string()))
+    }
+
+    /// Runs until a `Shutdown` message or until every sender is gone.
+    pub fn run(mut self) {
+        let ticker =
+            crossbeam_channel::tick(Duration::from_millis(self.config.raft.tick_interval_ms));
+        loop {
+            let mut ticked = false;
+            crossbeam_channel::select! {
+                recv(self.inbox) -> msg => match msg {
+                    Ok(StoreMsg::Shutdown) | Err(_) => break,
+                    Ok(msg) => self.handle(msg),
+                },
+                recv(ticker) -> _ => ticked = true,
+            }
+            let mut drained = 0;
+            let mut stop = false;
+            while drained < MAX_MSGS_PER_ITERATION {
+                match self.inbox.try_recv() {
+                    Ok(StoreMsg::Shutdown) => {
+                        stop = true;
+                        break;
+                    }
+                    Ok(msg) => self.handle(msg),
+                    Err(_) => break,
+                }
+                drained += 1;
+            }
+            if ticked {
+                self.on_tick();
+            }
+            // Two rounds: a round can make a shard leader (it then proposes
+            // its LeaderChanged entry) or produce follow-up work.
+            for _ in 0..2 {
+                self.flush_proposals();
+                if !self.process_readies() {
+                    break;
+                }
+            }
+            self.publish_status();
+            if stop {
+                break;
+            }
+        }
+        self.fail_everything(|_| ServerError::ShuttingDown);
+    }
+
+    fn handle(&mut self, msg: StoreMsg) {
+        match msg {
+            StoreMsg::Propose {
+                shard_id,
+                command,
+                responder,
+            } => {
+                let hint = self.leader_hint(shard_id);
+                let Some(peer) = self.peers.get_mut(&shard_id) else {
+                    respond_err(
+                        responder,
+                        ServerError::Internal(format!("no shard {shard_id} on this node")),
+                    );
+                    return;
+                };
+                if !peer.is_leader() {
+                    respond_err(responder, hint);
+                    return;
+                }
+                if !peer.is_ready_leader() {
+                    respond_err(responder, ServerError::LeaderNotReady { shard_id });
+                    return;
+                }
+                peer.queued.push((command, responder));
+            }
+            StoreMsg::Read {
+                shard_id,
+                resource,
+                tx,
+            } => {
+                let hint = self.leader_hint(shard_id);
+                let id = self.next_proposal_id();
+                let Some(peer) = self.peers.get_mut(&shard_id) else {
+                    let _ = tx.send(Err(ServerError::Internal(format!("no shard {shard_id}"))));
+                    return;
+                };
+                if !peer.is_ready_leader() {
+                    let _ = tx.send(Err(hint));
+                    return;
+                }
+                peer.raw.read_index(id.to_be_bytes().to_vec());
+                peer.reads.insert(
+                    id,
+                    PendingRead {
+                        resource,
+                        tx,
+                        asked_at: Instant::now(),
+                        index: None,
+                    },
+                );
+            }
+            StoreMsg::Raft { envelopes } => {
+                for Envelope { shard_id, msg } in envelopes {
+                    if let Some(peer) = self.peers.get_mut(&shard_id) {
+                        // Errors here are stale or misdirected messages; Raft
+                        // recovers by retransmission.
+                        let _ = peer.raw.step(msg);
+                    }
+                }
+            }
+            StoreMsg::Shutdown => {}
+        }
+    }
+
+    /// NotLeader with the leader's address, or LeaderUnknown.
+    fn leader_hint(&self, shard_id: u64) -> ServerError {
+        let Some(peer) = self.peers.get(&shard_id) else {
+            return ServerError::LeaderUnknown { shard_id };
+        };
+        let leader_id = peer.raw.raft.leader_id;
+        if leader_id == 0 {
+            return ServerError::LeaderUnknown { shard_id };
+        }
+        if leader_id == self.node_id {
+            // We are the leader but not ready yet.
+            return ServerError::LeaderNotReady { shard_id };
+        }
+        let addr = self.config.peer_map().get(&leader_id).cloned();
+        ServerError::NotLeader {
+            shard_id,
+            leader: addr.map(|addr| LeaderInfo {
+                node_id: leader_id,
+                addr,
+            }),
+        }
+    }
+
+    fn next_proposal_id(&mut self) -> u64 {
+        // Unique across nodes: a follower never mistakes another node's entry
+        // for one of its own proposals.
+        self.next_id += 1;
+        (self.node_id << 48) | (self.next_id & ((1 << 48) - 1))
+    }
+
+    fn on_tick(&mut self) {
+        let timeout = Duration::from_millis(self.config.raft.proposal_timeout_ms);
+        let mut ticks = Vec::new();
+        for peer in self.peers.values_mut() {
+            peer.raw.tick();
+            // Requests that did not commit in time: the entry may still
+            // commit later, so the outcome is unknown (retry by requestId).
+            let expired: Vec<u64> = peer
+                .pending
+                .iter()
+                .filter(|(_, p)| p.proposed_at.elapsed() > timeout)
+                .map(|(id, _)| *id)
+                .collect();
+            for id in expired {
+                if let Some(p) = peer.pending.remove(&id) {
+                    for r in p.responders {
+                        respond_err(
+                            r,
+                            ServerError::OutcomeUnknown {
+                                shard_id: peer.shard_id,
+                            },
+                        );
+                    }
+                }
+                if peer.tick_in_flight == Some(id) {
+                    peer.tick_in_flight = None;
+                }
+            }
+            let stale_reads: Vec<u64> = peer
+                .reads
+                .iter()
+                .filter(|(_, r)| r.asked_at.elapsed() > timeout)
+                .map(|(id, _)| *id)
+                .collect();
+            for id in stale_reads {
+                if let Some(r) = peer.reads.remove(&id) {
+                    let _ = r.tx.send(Err(ServerError::NoQuorum {
+                        shard_id: peer.shard_id,
+                    }));
+                }
+            }
+            // A waiting caller that went away: remove its waiter through Raft.
+            let gone: Vec<LeaseId> = peer
+                .waiting
+                .iter()
+                .filter(|(_, w)| w.tx.is_closed())
+                .map(|(l, _)| *l)
+                .collect();
+            for lease_id in gone {
+                if let Some(w) = peer.waiting.remove(&lease_id) {
+                    if peer.is_ready_leader() {
+                        peer.queued.push((
+                            Command::Cancel {
+                                resource: w.resource,
+                                lease_id,
+                            },
+                            Responder::None,
+                        ));
+                    }
+                }
+            }
+            if peer.is_ready_leader() && peer.tick_in_flight.is_none() {
+                let now = peer.clock.map(|c| c.now_ms()).unwrap_or(0);
+                if peer.table.next_due_ms().is_some_and(|due| due <= now) {
+                    ticks.push(peer.shard_id);
+                }
+            }
+        }
+        for shard_id in ticks {
+            let peer = self.peers.get_mut(&shard_id).expect("listed above");
+            peer.queued.push((Command::Tick, Responder::None));
+        }
+    }
+
+    /// Proposes each shard's queued commands as few entries.
+    fn flush_proposals(&mut self) {
+        let max = self.config.raft.max_commands_per_entry as usize;
+        let allowance = self.config.raft.clock_offset_allowance_ms;
+        let shard_ids: Vec<u64> = self.peers.keys().copied().collect();
+        for shard_id in shard_ids {
+            let needs_lc = {
+                let peer = self.peers.get_mut(&shard_id).expect("listed");
+                std::mem::take(&mut peer.needs_leader_changed) && peer.is_leader()
+            };
+            if needs_lc {
+                let id = self.next_proposal_id();
+                let peer = self.peers.get_mut(&shard_id).expect("listed");
+                let now = peer.clock.map(|c| c.now_ms()).unwrap_or_else(wall_ms);
+                let cmd = Command::LeaderChanged {
+                    clock_offset_allowance_ms: allowance,
+                };
+                let data = encode_payload(now, std::slice::from_ref(&cmd));
+                if peer.raw.propose(id.to_be_bytes().to_vec(), data).is_ok() {
+                    peer.pending.insert(
+                        id,
+                        Pending {
+                            term: peer.raw.raft.term,
+                            proposed_at: Instant::now(),
+                            responders: vec![Responder::None],
+                        },
+                    );
+                }
+            }
+            loop {
+                let peer = self.peers.get_mut(&shard_id).expect("listed");
+                if peer.queued.is_empty() {
+                    break;
+                }
+                let take = peer.queued.len().min(max);
+                let chunk: Vec<(Command, Responder)> = peer.queued.drain(..take).collect();
+                let id = self.next_proposal_id();
+                let peer = self.peers.get_mut(&shard_id).expect("listed");
+                let Some(clock) = peer.clock.filter(|_| peer.is_leader()) else {
+                    let hint_err = ServerError::LeaderUnknown { shard_id };
+                    for (_, r) in chunk {
+                        respond_err(r, hint_err.clone());
+                    }
+                    continue;
+                };
+                let (commands, responders): (Vec<Command>, Vec<Responder>) =
+                    chunk.into_iter().unzip();
+                let is_tick = commands.iter().any(|c| matches!(c, Command::Tick));
+                let data = encode_payload(clock.now_ms(), &commands);
+                match peer.raw.propose(id.to_be_bytes().to_vec(), data) {
+                    Ok(()) => {
+                        if is_tick {
+                            peer.tick_in_flight = Some(id);
+                        }
+                        peer.pending.insert(
+                            id,
+                            Pending {
+                                term: peer.raw.raft.term,
+                                proposed_at: Instant::now(),
+                                responders,
+                            },
+                        );
+                    }
+                    Err(_) => {
+                        for r in responders {
+                            respond_err(r, ServerError::LeaderUnknown { shard_id });
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Handles every shard's `Ready` with one synced write. Returns whether
+    /// any shard had one.
+    fn process_readies(&mut self) -> bool {
+        let mut batch = std::mem::take(&mut self.deferred);
+        let mut readies = Vec::new();
+        let mut outbox: HashMap<u64, Vec<Envelope>> = HashMap::new();
+        let mut failed = false;
+        for (shard_id, peer) in self.peers.iter_mut() {
+            if !peer.raw.has_ready() {
+                continue;
+            }
+            let mut rd = peer.raw.ready();
+            if let Some(ss) = rd.ss() {
+                let role = ss.raft_state;
+                on_role_change(peer, role);
+            }
+            // A leader may send before persisting (Raft thesis 10.2.1).
+            queue_messages(&mut outbox, *shard_id, rd.take_messages());
+            let store = peer.raw.mut_store();
+            let mut snapshot_data = None;
+            if !rd.snapshot().is_empty() {
+                if store.apply_snapshot(rd.snapshot(), &mut batch).is_err() {
+                    failed = true;
+                }
+                snapshot_data = Some(rd.snapshot().clone());
+            }
+            if !rd.entries().is_empty() && store.append(rd.entries(), &mut batch).is_err() {
+                failed = true;
+            }
+            if let Some(hs) = rd.hs() {
+                if store.set_hard_state(hs, &mut batch).is_err() {
+                    failed = true;
+                }
+            }
+            for rs in rd.take_read_states() {
+                let id = u64_from_ctx(&rs.request_ctx);
+                if let Some(r) = id.and_then(|id| peer.reads.get_mut(&id)) {
+                    r.index = Some(rs.index);
+                }
+            }
+            readies.push((*shard_id, rd, snapshot_data));
+        }
+        if readies.is_empty() {
+            if !batch.is_empty() {
+                self.write_or_die(&batch, false);
+                for peer in self.peers.values_mut() {
+                    peer.raw.mut_store().on_persisted();
+                }
+            }
+            return false;
+        }
+        if failed {
+            // Staging refused something raft-rs handed us: the node cannot
+            // continue safely. Crash rather than guess; restart recovers
+            // from the durable state.
+            panic!("fencelock: staging a Raft ready failed; stopping the node");
+        }
+        self.write_or_die(&batch, true);
+        self.send_outbox(outbox);
+        let mut outbox: HashMap<u64, Vec<Envelope>> = HashMap::new();
+        for (shard_id, mut rd, snapshot) in readies {
+            let peer = self.peers.get_mut(&shard_id).expect("listed");
+            peer.raw.mut_store().on_persisted();
+            if let Some(snap) = snapshot {
+                match LockTable::restore(snap.get_data()) {
+                    Ok(table) => {
+                        peer.table = table;
+                        peer.applied_index = snap.get_metadata().index;
+                        peer.applied_term = snap.get_metadata().term;
+                        peer.last_snapshot_index = peer.applied_index;
+                        peer.snapshots_installed += 1;
+                    }
+                    Err(e) => {
+                        panic!("fencelock: shard {shard_id} received a corrupt snapshot: {e}")
+                    }
+                }
+            }
+            queue_messages(&mut outbox, shard_id, rd.take_persisted_messages());
+            apply_entries(peer, rd.take_committed_entries());
+            let mut light = peer.raw.advance(rd);
+            if let Some(commit) = light.commit_index() {
+                let _ = peer
+                    .raw
+                    .mut_store()
+                    .set_commit_index(commit, &mut self.deferred);
+            }
+            queue_messages(&mut outbox, shard_id, light.take_messages());
+            apply_entries(peer, light.take_committed_entries());
+            peer.raw.advance_apply();
+            serve_reads(peer);
+            maybe_snapshot(
+                peer,
+                self.config.raft.snapshot_interval_entries,
+                &mut self.deferred,
+            );
+        }
+        self.send_outbox(outbox);
+        true
+    }
+
+    fn write_or_die(&self, batch: &WriteBatch, sync: bool) {
+        use fencelock_raftstore::Engine;
+        if let Err(e) = self.engine.write(batch, sync) {
+            // A failed fsync leaves the disk in an unknown state: the only
+            // safe reaction is to stop (the PostgreSQL fsync lesson).
+            panic!("fencelock: RocksDB write failed: {e}");
+        }
+    }
+
+    fn send_outbox(&self, outbox: HashMap<u64, Vec<Envelope>>) {
+        for (to, envelopes) in outbox {
+            self.transport.send(to, envelopes);
+        }
+    }
+
+    fn publish_status(&self) {
+        let status: Vec<ShardStatus> = self
+            .peers
+            .values()
+            .map(|p| ShardStatus {
+                shard_id: p.shard_id,
+                leader_id: p.raw.raft.leader_id,
+                term: p.raw.raft.term,
+                is_leader: p.is_ready_leader(),
+                applied_index: p.applied_index,
+                held: p.table.held_count(),
+                snapshots_installed: p.snapshots_installed,
+            })
+            .collect();
+        if let Ok(mut s) = self.status.lock() {
+            *s = status;
+        }
+    }
+
+    fn fail_everything(&mut self, err: impl Fn(u64) -> ServerError) {
+        for peer in self.peers.values_mut() {
+            let e = err(peer.shard_id);
+            for (_, p) in peer.pending.drain() {
+                for r in p.responders {
+                    respond_err(r, e.clone());
+                }
+            }
+            for (_, r) in peer.queued.drain(..) {
+                respond_err(r, e.clone());
+            }
+            for (_, r) in peer.reads.drain() {
+                let _ = r.tx.send(Err(e.clone()));
+            }
+            for (_, w) in peer.waiting.drain() {
+                let _ = w.tx.send(Err(e.clone()));
+            }
+        }
+    }
+}
+
+fn queue_messages(outbox: &mut HashMap<u64, Vec<Envelope>>, shard_id: u64, msgs: Vec<Message>) {
+    for msg in msgs {
+        outbox
+            .entry(msg.to)
+            .or_default()
+            .push(Envelope { shard_id, msg });
+    }
+}
+
+fn on_role_change(peer: &mut Peer, role: StateRole) {
+    if role == StateRole::Leader {
+        // Lease time continues from the highest stamp in the log, never
+        // earlier, even if this node's wall clock is behind.
+        let start = wall_ms().max(peer.table.clock_ms());
+        peer.clock = Some(LeaderClock {
+            wall_ms_at_start: start,
+            started: Instant::now(),
+        });
+        peer.needs_leader_changed = true;
+        return;
+    }
+    peer.clock = None;
+    peer.needs_leader_changed = false;
+    peer.tick_in_flight = None;
+    // Entries already proposed may still commit under the next leader: their
+    // outcome is unknown, and a retry by requestId finds it.
+    let shard_id = peer.shard_id;
+    for (_, p) in peer.pending.drain() {
+        for r in p.responders {
+            respond_err(r, ServerError::OutcomeUnknown { shard_id });
+        }
+    }
+    for (_, r) in peer.queued.drain(..) {
+        respond_err(r, ServerError::LeaderUnknown { shard_id });
+    }
+    for (_, r) in peer.reads.drain() {
+        let _ = r.tx.send(Err(ServerError::LeaderUnknown { shard_id }));
+    }
+    for (_, w) in peer.waiting.drain() {
+        let _ = w.tx.send(Err(ServerError::OutcomeUnknown { shard_id }));
+    }
+}
+
+fn apply_entries(peer: &mut Peer, entries: Vec<Entry>) {
+    for entry in entries {
+        if entry.index <= peer.applied_index {
+            continue;
+        }
+        peer.applied_index = entry.index;
+        peer.applied_term = entry.term;
+        if entry.get_entry_type() != EntryType::EntryNormal || entry.data.is_empty() {
+            // The empty entry a new leader appends, or a configuration change
+            // (membership is static until the sharding work).
+            continue;
+        }
+        let (now_ms, commands) = match decode_payload(&entry.data) {
+            Ok(p) => p,
+            Err(e) => panic!(
+                "fencelock: shard {} entry {} does not decode: {e}",
+                peer.shard_id, entry.index
+            ),
+        };
+        let ctx = ApplyContext {
+            index: entry.index,
+            term: entry.term,
+            epoch: peer.epoch,
+            now_ms,
+        };
+        let mine = u64_from_ctx(&entry.context)
+            .and_then(|id| match peer.pending.get(&id) {
+                Some(p) if p.term == entry.term => peer.pending.remove(&id),
+                _ => None,
+            })
+            .map(|p| p.responders);
+        if let Some(id) = u64_from_ctx(&entry.context) {
+            if peer.tick_in_flight == Some(id) {
+                peer.tick_in_flight = None;
+            }
+        }
+        let mut responders = mine.unwrap_or_default().into_iter();
+        for command in &commands {
+            let outcome = peer.table.apply(command, &ctx);
+            for event in &outcome.events {
+                on_event(peer, event);
+            }
+            let responder = responders.next().unwrap_or(Responder::None);
+            respond(peer, responder, outcome.reply);
+        }
+    }
+}
+
+fn respond(
+    peer: &mut Peer,
+    responder: Responder,
+    reply: Result<Reply, fencelock_statemachine::LockError>,
+) {
+    match responder {
+        Responder::None => {}
+        Responder::Reply(tx) => {
+            let _ = tx.send(reply.map_err(ServerError::Lock));
+        }
+        Responder::Acquire { resource, tx } => match reply {
+            Ok(Reply::Acquire(a)) => {
+                if let AcquireStatus::Queued { .. } = a.status {
+                    // Answered when a later apply grants or ends the wait.
+                    peer.waiting.insert(a.lease_id, Waiting { resource, tx });
+                } else {
+                    let _ = tx.send(Ok(a));
+                }
+            }
+            Ok(other) => {
+                let _ = tx.send(Err(ServerError::Internal(format!(
+                    "unexpected reply {other:?}"
+                ))));
+            }
+            Err(e) => {
+                let _ = tx.send(Err(ServerError::Lock(e)));
+            }
+        },
+    }
+}
+
+fn on_event(peer: &mut Peer, event: &Event) {
+    match event {
+        Event::Granted {
+            lease_id,
+            token,
+            expires_at_ms,
+            lease_ttl_ms,
+            ..
+        } => {
+            if let Some(w) = peer.waiting.remove(lease_id) {
+                let _ = w.tx.send(Ok(AcquireReply {
+                    lease_id: *lease_id,
+                    deduplicated: false,
+                    status: AcquireStatus::Held {
+                        token: *token,
+                        expires_at_ms: *expires_at_ms,
+                        lease_ttl_ms: *lease_ttl_ms,
+                    },
+                }));
+            }
+        }
+        Event::WaitEnded {
+            lease_id, ended, ..
+        } => {
+            if let Some(w) = peer.waiting.remove(lease_id) {
+                let _ = w.tx.send(Ok(AcquireReply {
+                    lease_id: *lease_id,
+                    deduplicated: false,
+                    status: AcquireStatus::WaitEnded(*ended),
+                }));
+            }
+        }
+        Event::LeaseEnded { .. } => {}
+    }
+}
+
+fn serve_reads(peer: &mut Peer) {
+    let ready: Vec<u64> = peer
+        .reads
+        .iter()
+        .filter(|(_, r)| r.index.is_some_and(|i| i <= peer.applied_index))
+        .map(|(id, _)| *id)
+        .collect();
+    for id in ready {
+        if let Some(r) = peer.reads.remove(&id) {
+            let _ = r.tx.send(Ok(ReadReply {
+                view: peer.table.view(&r.resource),
+                epoch: peer.epoch,
+            }));
+        }
+    }
+}
+
+/// Saves a state-machine snapshot and truncates the log behind it every
+/// `interval` applied entries.
+fn maybe_snapshot(peer: &mut Peer, interval: u64, batch: &mut WriteBatch) {
+    if peer.applied_index < peer.last_snapshot_index + interval {
+        return;
+    }
+    let data = peer.table.snapshot();
+    let cs = peer.raw.store().conf_state().clone();
+    let store = peer.raw.mut_store();
+    if store
+        .save_state_machine_snapshot(peer.applied_index, peer.applied_term, &cs, &data, batch)
+        .is_ok()
+    {
+        peer.last_snapshot_index = peer.applied_index;
+        let keep = LOG_KEEP_BEHIND_SNAPSHOT.min(interval / 2);
+        let compact_to = peer.applied_index.saturating_sub(keep);
+        if compact_to > store.truncated().0 {
+            let _ = store.compact(compact_to, batch);
+        }
+    }
+}
+
+fn respond_err(responder: Responder, err: ServerError) {
+    match responder {
+        Responder::None => {}
+        Responder::Reply(tx) => {
+            let _ = tx.send(Err(err));
+        }
+        Responder::Acquire { tx, .. } => {
+            let _ = tx.send(Err(err));
+        }
+    }
+}
+
+fn u64_from_ctx(ctx: &[u8]) -> Option<u64> {
+    Some(u64::from_be_bytes(ctx.try_into().ok()?))
+}
+
+/// A Raft entry payload: the leader's time stamp and the commands it carries.
+pub fn encode_payload(now_ms: u64, commands: &[Command]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(16 + commands.len() * 64);
+    out.push(PAYLOAD_VERSION);
+    out.extend_from_slice(&now_ms.to_be_bytes());
+    out.extend_from_slice(&(commands.len() as u32).to_be_bytes());
+    for c in commands {
+        let bytes = c.encode();
+        out.extend_from_slice(&(bytes.len() as u32).to_be_bytes());
+        out.extend_from_slice(&bytes);
+    }
+    out
+}
+
+/// Inverse of [`encode_payload`]; never panics on bad input.
+pub fn decode_payload(data: &[u8]) -> Result<(u64, Vec<Command>), String> {
+    let take = |data: &mut &[u8], n: usize| -> Result<Vec<u8>, String> {
+        if data.len() < n {
+            return Err("payload truncated".into());
+        }
+        let (head, tail) = data.split_at(n);
+        *data = tail;
+        Ok(head.to_vec())
+    };
+    let mut rest = data;
+    let version = take(&mut rest, 1)?[0];
+    if version != PAYLOAD_VERSION {
+        return Err(format!("unknown payload version {version}"));
+    }
+    let now_ms = u64::from_be_bytes(take(&mut rest, 8)?.try_into().expect("8"));
+    let n = u32::from_be_bytes(take(&mut rest, 4)?.try_into().expect("4")) as usize;
+    if n > rest.len() {
+        return Err("payload count too large".into());
+    }
+    let mut commands = Vec::with_capacity(n);
+    for _ in 0..n {
+        let len = u32::from_be_bytes(take(&mut rest, 4)?.try_into().expect("4")) as usize;
+        let bytes = take(&mut rest, len)?;
+        commands.push(Command::decode(&bytes).map_err(|e| e.to_string())?);
+    }
+    if !rest.is_empty() {
+        return Err("trailing bytes in payload".into());
+    }
+    Ok((now_ms, commands))
+}

@@ -1,0 +1,339 @@
+//! In-process cluster scenarios (fast: real RocksDB, real gRPC on loopback,
+//! one process). Each test is one failure case from the brief.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use fencelock_api::v1::Reason;
+use fencelock_server::shard_map::ShardMap;
+use fencelock_statemachine::ResourceName;
+
+fn shard_of(cluster: &Cluster, resource: &str) -> u64 {
+    let n = cluster.configs.values().next().unwrap().shard_count;
+    ShardMap::new(n).shard_of(&ResourceName::parse(resource).unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn leader_crash_and_reelection_loses_no_acknowledged_grant() {
+    let mut cluster = Cluster::start(3, |_| {}).await;
+    let mut granted = Vec::new();
+    for i in 0..24 {
+        let r = format!("acme/job-{i}");
+        let a = acquire(&cluster, 1, acquire_req(&r, &format!("req-{i}"), 60_000, 0))
+            .await
+            .expect("granted");
+        granted.push((r, a));
+    }
+    let victim = cluster
+        .leader_of(shard_of(&cluster, &granted[0].0))
+        .expect("a leader");
+    cluster.crash(victim).await;
+    cluster.wait_for_leaders(Duration::from_secs(20)).await;
+    let alive = *cluster.nodes.keys().next().unwrap();
+    for (r, a) in &granted {
+        let g = get(&cluster, alive, r).await.expect("get after failover");
+        assert!(g.held, "{r} lost its holder after the leader crashed");
+        assert_eq!(g.fencing_token, a.fencing_token, "{r} changed token");
+        let e = acquire(&cluster, alive, acquire_req(r, "intruder", 60_000, 0))
+            .await
+            .unwrap_err();
+        assert_eq!(e.reason(), Reason::LockHeld, "{r} granted twice");
+    }
+    // The crashed node comes back and the cluster still agrees.
+    cluster.restart(victim).await;
+    let g = get(&cluster, victim, &granted[0].0).await.unwrap();
+    assert_eq!(g.fencing_token, granted[0].1.fencing_token);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn minority_partition_refuses_acquire_and_renew_while_the_majority_serves() {
+    let cluster = Cluster::start(3, |_| {}).await;
+    let r = "acme/partitioned";
+    let shard = shard_of(&cluster, r);
+    let a = acquire(&cluster, 1, acquire_req(r, "a", 60_000, 0))
+        .await
+        .unwrap();
+    let old_leader = cluster.leader_of(shard).unwrap();
+    cluster.rules[&old_leader].isolate(old_leader);
+    for (id, rules) in &cluster.rules {
+        if *id != old_leader {
+            rules.block(*id, old_leader);
+        }
+    }
+    // Straight to the isolated node: it must never claim success.
+    let mut minority = cluster.client(old_leader).await;
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while Instant::now() < deadline {
+        let acq = minority
+            .acquire(acquire_req("acme/other-on-minority", "m", 60_000, 0))
+            .await;
+        let ren = minority
+            .renew(fencelock_api::v1::RenewRequest {
+                resource: r.into(),
+                lease_id: a.lease_id.clone(),
+                lease_ttl_ms: 0,
+            })
+            .await;
+        // The only acceptable answers are refusals (or a shard of that
+        // resource led by the majority side being unreachable from here).
+        assert!(
+            acq.is_err() || shard_of(&cluster, "acme/other-on-minority") != shard,
+            "minority granted"
+        );
+        assert!(ren.is_err(), "minority claimed a renewal");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // The majority elects a new leader and serves.
+    let majority_node = *cluster.nodes.keys().find(|id| **id != old_leader).unwrap();
+    let b = acquire(
+        &cluster,
+        majority_node,
+        acquire_req("acme/on-majority", "b", 60_000, 0),
+    )
+    .await;
+    assert!(b.is_ok(), "majority refused: {b:?}");
+    let g = get(&cluster, majority_node, r).await.unwrap();
+    assert_eq!(g.fencing_token, a.fencing_token);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn healed_partition_converges() {
+    let cluster = Cluster::start(3, |_| {}).await;
+    for id in 1..=3 {
+        cluster.rules[&id].partition(&[&[1], &[2, 3]]);
+    }
+    for i in 0..10 {
+        acquire(
+            &cluster,
+            2,
+            acquire_req(&format!("acme/heal-{i}"), &format!("h{i}"), 60_000, 0),
+        )
+        .await
+        .unwrap();
+    }
+    for id in 1..=3 {
+        cluster.rules[&id].heal();
+    }
+    // Node 1 catches up: every shard's applied index matches the leader's.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let applied = |id: u64| -> Vec<u64> {
+            cluster.nodes[&id]
+                .shard_status()
+                .iter()
+                .map(|s| s.applied_index)
+                .collect()
+        };
+        let held = |id: u64| -> usize {
+            cluster.nodes[&id]
+                .shard_status()
+                .iter()
+                .map(|s| s.held)
+                .sum()
+        };
+        if applied(1) == applied(2) && held(1) == 10 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "node 1 did not converge: {:?} vs {:?}",
+            applied(1),
+            applied(2)
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn whole_cluster_restart_recovers_every_grant_from_disk() {
+    let mut cluster = Cluster::start(3, |_| {}).await;
+    let mut tokens = Vec::new();
+    for i in 0..12 {
+        let r = format!("acme/durable-{i}");
+        let a = acquire(&cluster, 1, acquire_req(&r, &format!("d{i}"), 120_000, 0))
+            .await
+            .unwrap();
+        tokens.push((r, a.fencing_token));
+    }
+    for id in 1..=3 {
+        cluster.crash(id).await;
+    }
+    for id in 1..=3 {
+        cluster.restart(id).await;
+    }
+    cluster.wait_for_leaders(Duration::from_secs(20)).await;
+    for (r, t) in &tokens {
+        let g = get(&cluster, 1, r).await.unwrap();
+        assert!(g.held && g.fencing_token == *t, "{r} not recovered: {g:?}");
+    }
+    // New grants after the restart get larger tokens.
+    let r = &tokens[0].0;
+    let a = acquire(
+        &cluster,
+        1,
+        acquire_req(&format!("{r}-next"), "n", 60_000, 0),
+    )
+    .await
+    .unwrap();
+    assert!(a.fencing_token > 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn lagging_follower_catches_up_by_snapshot_after_log_compaction() {
+    let mut cluster = Cluster::start(3, |c| c.raft.snapshot_interval_entries = 100).await;
+    let follower = (1..=3)
+        .find(|id| {
+            cluster.nodes[id]
+                .shard_status()
+                .iter()
+                .all(|s| !s.is_leader)
+        })
+        .unwrap_or(3);
+    let alive = (1..=3).find(|id| *id != follower).unwrap();
+    cluster.crash(follower).await;
+    // Enough traffic while it is down that every shard snapshots and
+    // truncates its log past what the follower has.
+    for i in 0..400 {
+        let r = format!("acme/snap-{}", i % 40);
+        if let Ok(a) = acquire(
+            &cluster,
+            alive,
+            acquire_req(&r, &format!("s{i}"), 60_000, 0),
+        )
+        .await
+        {
+            release(&cluster, alive, &r, &a.lease_id).await.unwrap();
+        }
+    }
+    let held_now = acquire(
+        &cluster,
+        alive,
+        acquire_req("acme/snap-held", "keep", 60_000, 0),
+    )
+    .await
+    .unwrap();
+    cluster.restart(follower).await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let st = cluster.nodes[&follower].shard_status();
+        let leader_applied: u64 = cluster.nodes[&alive]
+            .shard_status()
+            .iter()
+            .map(|s| s.applied_index)
+            .sum();
+        let mine: u64 = st.iter().map(|s| s.applied_index).sum();
+        let held: usize = st.iter().map(|s| s.held).sum();
+        let installed: u64 = st.iter().map(|s| s.snapshots_installed).sum();
+        if held == 1 && mine >= leader_applied {
+            assert!(
+                installed > 0,
+                "caught up from the log: the test did not exercise snapshots"
+            );
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "lagging follower did not catch up: {mine} vs {leader_applied}, held {held}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let g = get(&cluster, alive, "acme/snap-held").await.unwrap();
+    assert_eq!(g.fencing_token, held_now.fencing_token);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn acquire_committed_but_reply_lost_is_retried_with_the_same_request_id() {
+    let cluster = Cluster::start(3, |_| {}).await;
+    let r = "acme/lost-reply";
+    let shard = shard_of(&cluster, r);
+    let leader = cluster.leader_of(shard).unwrap();
+    // The first attempt gives up long before any reply could arrive.
+    let mut c = cluster.client(leader).await;
+    let _ = tokio::time::timeout(
+        Duration::from_micros(50),
+        c.acquire(acquire_req(r, "same-id", 60_000, 0)),
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let retry = acquire(&cluster, leader, acquire_req(r, "same-id", 60_000, 0))
+        .await
+        .unwrap();
+    let again = acquire(&cluster, leader, acquire_req(r, "same-id", 60_000, 0))
+        .await
+        .unwrap();
+    assert!(again.deduplicated);
+    assert_eq!(
+        again.lease_id, retry.lease_id,
+        "a retry never creates a second lease"
+    );
+    assert_eq!(again.fencing_token, retry.fencing_token);
+    let g = get(&cluster, leader, r).await.unwrap();
+    assert_eq!(g.fencing_token, retry.fencing_token);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn lease_never_expires_earlier_than_its_ttl_after_the_last_renew_across_a_leader_change() {
+    let mut cluster = Cluster::start(3, |_| {}).await;
+    let r = "acme/long-job";
+    let ttl_ms = 4_000;
+    let a = acquire(&cluster, 1, acquire_req(r, "lj", ttl_ms, 0))
+        .await
+        .unwrap();
+    let sent = Instant::now();
+    renew(&cluster, 1, r, &a.lease_id).await.unwrap();
+    let leader = cluster.leader_of(shard_of(&cluster, r)).unwrap();
+    cluster.crash(leader).await;
+    cluster.wait_for_leaders(Duration::from_secs(20)).await;
+    let alive = *cluster.nodes.keys().next().unwrap();
+    // Until the TTL since the renew was sent has passed, nobody else gets it.
+    while sent.elapsed() < Duration::from_millis(ttl_ms - 300) {
+        let e = acquire(
+            &cluster,
+            alive,
+            acquire_req(r, &format!("x{}", sent.elapsed().as_millis()), 60_000, 0),
+        )
+        .await;
+        assert!(
+            e.is_err(),
+            "granted {}ms after the renew, before its {ttl_ms}ms ttl",
+            sent.elapsed().as_millis()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // Afterwards the lock does become free (expiry is driven by the leader).
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        if acquire(&cluster, alive, acquire_req(r, "after", 60_000, 0))
+            .await
+            .is_ok()
+        {
+            break;
+        }
+        assert!(Instant::now() < deadline, "expired lease never freed");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn waiting_acquire_is_granted_on_release_and_times_out_otherwise() {
+    let cluster = Cluster::start(3, |_| {}).await;
+    let r = "acme/queue";
+    let a = acquire(&cluster, 1, acquire_req(r, "first", 60_000, 0))
+        .await
+        .unwrap();
+    let waiter = {
+        let leader = cluster.leader_of(shard_of(&cluster, r)).unwrap();
+        let mut c = cluster.client(leader).await;
+        tokio::spawn(async move { c.acquire(acquire_req(r, "second", 60_000, 10_000)).await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(release(&cluster, 1, r, &a.lease_id).await.unwrap());
+    let b = waiter.await.unwrap().expect("waiter granted").into_inner();
+    assert!(b.fencing_token > a.fencing_token);
+    let e = acquire(&cluster, 1, acquire_req(r, "third", 60_000, 300))
+        .await
+        .unwrap_err();
+    assert_eq!(e.reason(), Reason::WaitTimedOut);
+}

@@ -1,0 +1,254 @@
+//! An in-process cluster: real nodes (RocksDB in temp dirs, gRPC on
+//! loopback, the real peer transport) in one test process, with network
+//! faults injected through `NetworkRules` and crash/restart of nodes.
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use fencelock_api::v1::lock_service_client::LockServiceClient;
+use fencelock_api::v1::{
+    AcquireRequest, AcquireResponse, ErrorDetail, GetRequest, GetResponse, Reason, ReleaseRequest,
+    RenewRequest, RenewResponse,
+};
+use fencelock_server::config::NodeConfig;
+use fencelock_server::netfilter::NetworkRules;
+use fencelock_server::node::Node;
+use tonic::transport::Channel;
+
+pub struct Cluster {
+    pub dir: tempfile::TempDir,
+    pub configs: BTreeMap<u64, NodeConfig>,
+    pub nodes: BTreeMap<u64, Node>,
+    pub rules: BTreeMap<u64, Arc<NetworkRules>>,
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+impl Cluster {
+    pub async fn start(n: u64, tweak: impl Fn(&mut NodeConfig)) -> Cluster {
+        let dir = tempfile::tempdir().unwrap();
+        let peers: BTreeMap<u64, String> = (1..=n)
+            .map(|id| (id, format!("127.0.0.1:{}", free_port())))
+            .collect();
+        let mut configs = BTreeMap::new();
+        for id in 1..=n {
+            let mut c =
+                NodeConfig::for_test(id, dir.path().join(format!("node{id}")), peers.clone());
+            tweak(&mut c);
+            configs.insert(id, c);
+        }
+        let mut cluster = Cluster {
+            dir,
+            configs,
+            nodes: BTreeMap::new(),
+            rules: (1..=n)
+                .map(|id| (id, Arc::new(NetworkRules::default())))
+                .collect(),
+        };
+        for id in 1..=n {
+            cluster.restart(id).await;
+        }
+        cluster.wait_for_leaders(Duration::from_secs(20)).await;
+        cluster
+    }
+
+    pub async fn restart(&mut self, id: u64) {
+        let node = Node::start_with_rules(self.configs[&id].clone(), self.rules[&id].clone())
+            .await
+            .expect("node starts");
+        self.nodes.insert(id, node);
+    }
+
+    /// Stops a node abruptly from the cluster's point of view (its process
+    /// state is gone; only what it wrote to RocksDB survives).
+    pub async fn crash(&mut self, id: u64) {
+        if let Some(node) = self.nodes.remove(&id) {
+            node.shutdown().await;
+        }
+    }
+
+    pub fn wipe(&self, id: u64) {
+        let _ = std::fs::remove_dir_all(&self.configs[&id].data_dir);
+    }
+
+    pub fn endpoint(&self, id: u64) -> String {
+        format!("http://{}", self.configs[&id].listen_addr)
+    }
+
+    /// Waits until every shard has a ready leader among the running nodes.
+    pub async fn wait_for_leaders(&self, within: Duration) {
+        let deadline = Instant::now() + within;
+        let shards = self.configs.values().next().unwrap().shard_count as usize;
+        loop {
+            let mut led = std::collections::BTreeSet::new();
+            for node in self.nodes.values() {
+                for s in node.shard_status() {
+                    if s.is_leader {
+                        led.insert(s.shard_id);
+                    }
+                }
+            }
+            if led.len() == shards {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "only {} of {shards} shards have a leader",
+                led.len()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// The node that leads `shard_id`, if any running node says so.
+    pub fn leader_of(&self, shard_id: u64) -> Option<u64> {
+        self.nodes
+            .iter()
+            .find(|(_, n)| {
+                n.shard_status()
+                    .iter()
+                    .any(|s| s.shard_id == shard_id && s.is_leader)
+            })
+            .map(|(id, _)| *id)
+    }
+
+    pub async fn client(&self, id: u64) -> LockServiceClient<Channel> {
+        LockServiceClient::connect(self.endpoint(id))
+            .await
+            .expect("connect")
+    }
+}
+
+/// Runs `call` against `start_node`, following NOT_LEADER hints and retrying
+/// retryable refusals until `within` runs out. Returns the last error.
+pub async fn with_leader<T, F, Fut>(
+    cluster: &Cluster,
+    start_node: u64,
+    within: Duration,
+    mut call: F,
+) -> Result<T, ErrorDetail>
+where
+    F: FnMut(LockServiceClient<Channel>) -> Fut,
+    Fut: std::future::Future<Output = Result<T, tonic::Status>>,
+{
+    let deadline = Instant::now() + within;
+    let mut endpoint = cluster.endpoint(start_node);
+    loop {
+        let result = match LockServiceClient::connect(endpoint.clone()).await {
+            Ok(client) => call(client).await,
+            Err(e) => Err(tonic::Status::unavailable(e.to_string())),
+        };
+        let status = match result {
+            Ok(v) => return Ok(v),
+            Err(status) => status,
+        };
+        let detail = ErrorDetail::from_status(&status).unwrap_or_else(|| ErrorDetail {
+            reason: Reason::Unspecified as i32,
+            message: status.message().to_string(),
+            ..Default::default()
+        });
+        let retryable = matches!(
+            detail.reason(),
+            Reason::NotLeader
+                | Reason::LeaderUnknown
+                | Reason::LeaderNotReady
+                | Reason::NoQuorum
+                | Reason::OutcomeUnknown
+                | Reason::Unspecified
+                | Reason::ServerBusy
+        );
+        if !retryable || Instant::now() >= deadline {
+            return Err(detail);
+        }
+        if let Some(addr) = detail
+            .leader
+            .as_ref()
+            .map(|l| l.address.clone())
+            .filter(|a| !a.is_empty())
+        {
+            endpoint = format!("http://{addr}");
+        } else {
+            // Try another node.
+            let ids: Vec<u64> = cluster.nodes.keys().copied().collect();
+            let next =
+                ids[(Instant::now().elapsed().as_nanos() as usize + endpoint.len()) % ids.len()];
+            endpoint = cluster.endpoint(next);
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+pub fn acquire_req(resource: &str, request_id: &str, ttl_ms: u64, wait_ms: u64) -> AcquireRequest {
+    AcquireRequest {
+        resource: resource.into(),
+        request_id: request_id.as_bytes().to_vec(),
+        lease_ttl_ms: ttl_ms,
+        wait_timeout_ms: wait_ms,
+    }
+}
+
+pub async fn acquire(
+    cluster: &Cluster,
+    node: u64,
+    req: AcquireRequest,
+) -> Result<AcquireResponse, ErrorDetail> {
+    with_leader(cluster, node, Duration::from_secs(15), |mut c| {
+        let req = req.clone();
+        async move { c.acquire(req).await.map(|r| r.into_inner()) }
+    })
+    .await
+}
+
+pub async fn get(cluster: &Cluster, node: u64, resource: &str) -> Result<GetResponse, ErrorDetail> {
+    let req = GetRequest {
+        resource: resource.into(),
+    };
+    with_leader(cluster, node, Duration::from_secs(15), |mut c| {
+        let req = req.clone();
+        async move { c.get(req).await.map(|r| r.into_inner()) }
+    })
+    .await
+}
+
+pub async fn renew(
+    cluster: &Cluster,
+    node: u64,
+    resource: &str,
+    lease_id: &[u8],
+) -> Result<RenewResponse, ErrorDetail> {
+    let req = RenewRequest {
+        resource: resource.into(),
+        lease_id: lease_id.to_vec(),
+        lease_ttl_ms: 0,
+    };
+    with_leader(cluster, node, Duration::from_secs(15), |mut c| {
+        let req = req.clone();
+        async move { c.renew(req).await.map(|r| r.into_inner()) }
+    })
+    .await
+}
+
+pub async fn release(
+    cluster: &Cluster,
+    node: u64,
+    resource: &str,
+    lease_id: &[u8],
+) -> Result<bool, ErrorDetail> {
+    let req = ReleaseRequest {
+        resource: resource.into(),
+        lease_id: lease_id.to_vec(),
+    };
+    with_leader(cluster, node, Duration::from_secs(15), |mut c| {
+        let req = req.clone();
+        async move { c.release(req).await.map(|r| r.into_inner().released) }
+    })
+    .await
+}
