@@ -337,3 +337,26 @@ async fn waiting_acquire_is_granted_on_release_and_times_out_otherwise() {
         .unwrap_err();
     assert_eq!(e.reason(), Reason::WaitTimedOut);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_waiting_caller_that_disconnects_leaves_the_queue() {
+    let cluster = Cluster::start(3, |_| {}).await;
+    let r = "acme/abandoned";
+    let a = acquire(&cluster, 1, acquire_req(r, "holder", 60_000, 0))
+        .await
+        .unwrap();
+    let leader = cluster.leader_of(shard_of(&cluster, r)).unwrap();
+    let mut c = cluster.client(leader).await;
+    let waiter =
+        tokio::spawn(async move { c.acquire(acquire_req(r, "gone", 60_000, 30_000)).await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    waiter.abort(); // the caller goes away: its RPC is cancelled
+    let _ = waiter.await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(release(&cluster, 1, r, &a.lease_id).await.unwrap());
+    // Had the waiter stayed queued it would hold the lock now.
+    let c2 = acquire(&cluster, 1, acquire_req(r, "next", 60_000, 0)).await;
+    assert!(c2.is_ok(), "abandoned waiter was granted: {c2:?}");
+    let g = get(&cluster, 1, r).await.unwrap();
+    assert_eq!(g.queue_length, 0);
+}
