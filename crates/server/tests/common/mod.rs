@@ -141,6 +141,7 @@ where
 {
     let deadline = Instant::now() + within;
     let mut endpoint = cluster.endpoint(start_node);
+    let mut attempt = 0usize;
     loop {
         let result = match LockServiceClient::connect(endpoint.clone()).await {
             Ok(client) => call(client).await,
@@ -176,10 +177,10 @@ where
         {
             endpoint = format!("http://{addr}");
         } else {
-            // Try another node.
+            // Try the running nodes in turn.
+            attempt += 1;
             let ids: Vec<u64> = cluster.nodes.keys().copied().collect();
-            let next =
-                ids[(Instant::now().elapsed().as_nanos() as usize + endpoint.len()) % ids.len()];
+            let next = ids[attempt % ids.len()];
             endpoint = cluster.endpoint(next);
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
