@@ -144,6 +144,11 @@ struct Peer {
     clock: Option<LeaderClock>,
     /// Propose `LeaderChanged` at the next flush.
     needs_leader_changed: bool,
+    /// When this leader last proposed its `LeaderChanged` entry: if it has
+    /// not applied within the proposal timeout (dropped during a leadership
+    /// transfer, say), it is proposed again rather than leaving the shard
+    /// refusing requests forever.
+    leader_changed_at: Option<Instant>,
     tick_in_flight: Option<u64>,
     applied_index: u64,
     applied_term: u64,
@@ -282,6 +287,7 @@ impl Store {
                     waiting: HashMap::new(),
                     clock: None,
                     needs_leader_changed: false,
+                    leader_changed_at: None,
                     tick_in_flight: None,
                     applied_index: applied,
                     applied_term,
@@ -507,6 +513,14 @@ impl Store {
                     }
                 }
             }
+            if peer.is_leader()
+                && !peer.is_ready_leader()
+                && peer
+                    .leader_changed_at
+                    .is_none_or(|at| at.elapsed() > timeout)
+            {
+                peer.needs_leader_changed = true;
+            }
             if peer.is_ready_leader() && peer.tick_in_flight.is_none() {
                 let now = peer.clock.map(|c| c.now_ms()).unwrap_or(0);
                 if peer.table.next_due_ms().is_some_and(|due| due <= now) {
@@ -539,6 +553,7 @@ impl Store {
                 };
                 let data = encode_payload(now, std::slice::from_ref(&cmd));
                 if peer.raw.propose(id.to_be_bytes().to_vec(), data).is_ok() {
+                    peer.leader_changed_at = Some(Instant::now());
                     peer.pending.insert(
                         id,
                         Pending {
@@ -771,6 +786,7 @@ fn on_role_change(peer: &mut Peer, role: StateRole) {
     }
     peer.clock = None;
     peer.needs_leader_changed = false;
+    peer.leader_changed_at = None;
     peer.tick_in_flight = None;
     // Entries already proposed may still commit under the next leader: their
     // outcome is unknown, and a retry by requestId finds it.
