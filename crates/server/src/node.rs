@@ -12,7 +12,7 @@ use crate::errors::ServerError;
 use crate::netfilter::NetworkRules;
 use crate::service::LockServiceImpl;
 use crate::shard_map::ShardMap;
-use crate::store::{ShardStatus, Store, StoreMsg, StoreSender};
+use crate::store::{MembershipChange, ShardStatus, Store, StoreMsg, StoreSender};
 use crate::transport::{RaftService, Transport};
 
 /// How long shutdown waits for in-flight client calls to finish.
@@ -118,6 +118,27 @@ impl Node {
     /// Leadership and progress of every shard on this node.
     pub fn shard_status(&self) -> Vec<ShardStatus> {
         self.status.lock().map(|s| s.clone()).unwrap_or_default()
+    }
+
+    /// Adds or removes a replica of `shard_id`. Must be sent to the shard's
+    /// leader (otherwise NOT_LEADER with a hint); answers once the change
+    /// has been committed and applied here.
+    pub async fn change_membership(
+        &self,
+        shard_id: u64,
+        change: MembershipChange,
+        node_id: u64,
+    ) -> Result<(), ServerError> {
+        let (tx, rx) = oneshot::channel();
+        self.store_tx
+            .try_send(StoreMsg::ChangeMembership {
+                shard_id,
+                change,
+                node_id,
+                tx,
+            })
+            .map_err(|_| ServerError::ServerBusy)?;
+        rx.await.map_err(|_| ServerError::ShuttingDown)?
     }
 
     /// Stops serving, stops the store loop (answering what is in flight with

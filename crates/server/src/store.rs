@@ -62,6 +62,8 @@ pub enum Responder {
         resource: ResourceName,
         tx: oneshot::Sender<AcquireResult>,
     },
+    /// A configuration change: answered when it applied.
+    Done(oneshot::Sender<Result<(), ServerError>>),
 }
 
 /// A linearizable read of one resource.
@@ -85,7 +87,24 @@ pub enum StoreMsg {
     Raft {
         envelopes: Vec<Envelope>,
     },
+    /// Add or remove a replica of one shard (a Raft configuration change).
+    ChangeMembership {
+        shard_id: u64,
+        change: MembershipChange,
+        node_id: u64,
+        tx: oneshot::Sender<Result<(), ServerError>>,
+    },
     Shutdown,
+}
+
+/// One replica change. A replica that lost its data must be removed and
+/// added back (as a learner, then a voter): rejoining under the same id with
+/// an empty log could lose committed entries (docs/safety.md).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MembershipChange {
+    AddVoter,
+    AddLearner,
+    Remove,
 }
 
 /// A proposal in flight.
@@ -418,6 +437,47 @@ impl Store {
                     }
                 }
             }
+            StoreMsg::ChangeMembership {
+                shard_id,
+                change,
+                node_id,
+                tx,
+            } => {
+                let hint = self.leader_hint(shard_id);
+                let id = self.next_proposal_id();
+                let Some(peer) = self.peers.get_mut(&shard_id) else {
+                    let _ = tx.send(Err(ServerError::Internal(format!("no shard {shard_id}"))));
+                    return;
+                };
+                if !peer.is_ready_leader() {
+                    let _ = tx.send(Err(hint));
+                    return;
+                }
+                let mut cc = raft::prelude::ConfChange::default();
+                cc.set_change_type(match change {
+                    MembershipChange::AddVoter => raft::prelude::ConfChangeType::AddNode,
+                    MembershipChange::AddLearner => raft::prelude::ConfChangeType::AddLearnerNode,
+                    MembershipChange::Remove => raft::prelude::ConfChangeType::RemoveNode,
+                });
+                cc.node_id = node_id;
+                match peer.raw.propose_conf_change(id.to_be_bytes().to_vec(), cc) {
+                    Ok(()) => {
+                        peer.pending.insert(
+                            id,
+                            Pending {
+                                term: peer.raw.raft.term,
+                                proposed_at: Instant::now(),
+                                responders: vec![Responder::Done(tx)],
+                            },
+                        );
+                    }
+                    Err(e) => {
+                        let _ = tx.send(Err(ServerError::Internal(format!(
+                            "configuration change refused: {e}"
+                        ))));
+                    }
+                }
+            }
             StoreMsg::Shutdown => {}
         }
     }
@@ -686,7 +746,7 @@ impl Store {
                 }
             }
             queue_messages(&mut outbox, shard_id, rd.take_persisted_messages());
-            apply_entries(peer, rd.take_committed_entries());
+            apply_entries(peer, rd.take_committed_entries(), &mut self.deferred);
             let mut light = peer.raw.advance(rd);
             if let Some(commit) = light.commit_index() {
                 let _ = peer
@@ -695,7 +755,7 @@ impl Store {
                     .set_commit_index(commit, &mut self.deferred);
             }
             queue_messages(&mut outbox, shard_id, light.take_messages());
-            apply_entries(peer, light.take_committed_entries());
+            apply_entries(peer, light.take_committed_entries(), &mut self.deferred);
             peer.raw.advance_apply();
             serve_reads(peer);
             maybe_snapshot(
@@ -807,16 +867,20 @@ fn on_role_change(peer: &mut Peer, role: StateRole) {
     }
 }
 
-fn apply_entries(peer: &mut Peer, entries: Vec<Entry>) {
+fn apply_entries(peer: &mut Peer, entries: Vec<Entry>, batch: &mut WriteBatch) {
     for entry in entries {
         if entry.index <= peer.applied_index {
             continue;
         }
         peer.applied_index = entry.index;
         peer.applied_term = entry.term;
+        if entry.get_entry_type() == EntryType::EntryConfChange {
+            apply_conf_change(peer, &entry, batch);
+            continue;
+        }
         if entry.get_entry_type() != EntryType::EntryNormal || entry.data.is_empty() {
-            // The empty entry a new leader appends, or a configuration change
-            // (membership is static until the sharding work).
+            // The empty entry a new leader appends (or a joint-consensus
+            // change, which this node never proposes).
             continue;
         }
         let (now_ms, commands) = match decode_payload(&entry.data) {
@@ -855,6 +919,29 @@ fn apply_entries(peer: &mut Peer, entries: Vec<Entry>) {
     }
 }
 
+/// Applies a replica change to raft-rs and stages the new configuration.
+fn apply_conf_change(peer: &mut Peer, entry: &Entry, batch: &mut WriteBatch) {
+    use protobuf::Message as _;
+    let responder = u64_from_ctx(&entry.context).and_then(|id| match peer.pending.get(&id) {
+        Some(p) if p.term == entry.term => peer.pending.remove(&id),
+        _ => None,
+    });
+    let result = raft::prelude::ConfChange::parse_from_bytes(&entry.data)
+        .map_err(|e| e.to_string())
+        .and_then(|cc| peer.raw.apply_conf_change(&cc).map_err(|e| e.to_string()))
+        .and_then(|cs| {
+            peer.raw
+                .mut_store()
+                .set_conf_state(&cs, batch)
+                .map_err(|e| e.to_string())
+        });
+    for r in responder.map(|p| p.responders).unwrap_or_default() {
+        if let Responder::Done(tx) = r {
+            let _ = tx.send(result.clone().map_err(ServerError::Internal));
+        }
+    }
+}
+
 fn respond(
     peer: &mut Peer,
     responder: Responder,
@@ -864,6 +951,11 @@ fn respond(
         Responder::None => {}
         Responder::Reply(tx) => {
             let _ = tx.send(reply.map_err(ServerError::Lock));
+        }
+        Responder::Done(tx) => {
+            let _ = tx.send(Err(ServerError::Internal(
+                "not a configuration change".into(),
+            )));
         }
         Responder::Acquire { resource, tx } => match reply {
             Ok(Reply::Acquire(a)) => {
@@ -946,7 +1038,9 @@ fn maybe_snapshot(peer: &mut Peer, interval: u64, batch: &mut WriteBatch) {
         return;
     }
     let data = peer.table.snapshot();
-    let cs = peer.raw.store().conf_state().clone();
+    // Raft's own view: a configuration change applied in this iteration may
+    // not be visible in the storage until its write.
+    let cs = peer.raw.raft.prs().conf().to_conf_state();
     let store = peer.raw.mut_store();
     if store
         .save_state_machine_snapshot(peer.applied_index, peer.applied_term, &cs, &data, batch)
@@ -968,6 +1062,9 @@ fn respond_err(responder: Responder, err: ServerError) {
             let _ = tx.send(Err(err));
         }
         Responder::Acquire { tx, .. } => {
+            let _ = tx.send(Err(err));
+        }
+        Responder::Done(tx) => {
             let _ = tx.send(Err(err));
         }
     }

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use common::*;
 use fencelock_api::v1::Reason;
 use fencelock_server::shard_map::ShardMap;
+use fencelock_server::store::MembershipChange;
 use fencelock_statemachine::ResourceName;
 
 fn shard_of(cluster: &Cluster, resource: &str) -> u64 {
@@ -359,4 +360,102 @@ async fn a_waiting_caller_that_disconnects_leaves_the_queue() {
     assert!(c2.is_ok(), "abandoned waiter was granted: {c2:?}");
     let g = get(&cluster, 1, r).await.unwrap();
     assert_eq!(g.queue_length, 0);
+}
+
+/// Applies a replica change to every shard, through each shard's leader.
+async fn change_everywhere(cluster: &Cluster, change: MembershipChange, node_id: u64) {
+    let shards = cluster.configs.values().next().unwrap().shard_count as u64;
+    for shard_id in 1..=shards {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let result = match cluster.leader_of(shard_id) {
+                Some(leader) => {
+                    cluster.nodes[&leader]
+                        .change_membership(shard_id, change, node_id)
+                        .await
+                }
+                None => Err(fencelock_server::errors::ServerError::LeaderUnknown { shard_id }),
+            };
+            match result {
+                Ok(()) => break,
+                Err(e) => assert!(
+                    Instant::now() < deadline,
+                    "{change:?} of node {node_id} in shard {shard_id}: {e}"
+                ),
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn wiped_follower_is_replaced_and_catches_up_by_snapshot() {
+    let mut cluster = Cluster::start(3, |c| c.raft.snapshot_interval_entries = 100).await;
+    for i in 0..400 {
+        let r = format!("acme/wipe-{}", i % 40);
+        if let Ok(a) = acquire(&cluster, 1, acquire_req(&r, &format!("w{i}"), 60_000, 0)).await {
+            release(&cluster, 1, &r, &a.lease_id).await.unwrap();
+        }
+    }
+    let held_now = acquire(
+        &cluster,
+        1,
+        acquire_req("acme/wipe-held", "keep", 60_000, 0),
+    )
+    .await
+    .unwrap();
+    let wiped = (1..=3)
+        .find(|id| {
+            cluster.nodes[id]
+                .shard_status()
+                .iter()
+                .all(|s| !s.is_leader)
+        })
+        .unwrap_or(3);
+    cluster.crash(wiped).await;
+    cluster.wipe(wiped);
+    // Its log is gone, so it may not simply rejoin as the voter it was: the
+    // operator removes it, starts it empty, adds it back as a learner (it
+    // catches up by snapshot without counting towards any majority), then
+    // promotes it.
+    change_everywhere(&cluster, MembershipChange::Remove, wiped).await;
+    cluster.restart(wiped).await;
+    change_everywhere(&cluster, MembershipChange::AddLearner, wiped).await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let st = cluster.nodes[&wiped].shard_status();
+        let other = (1..=3).find(|id| *id != wiped).unwrap();
+        let theirs: u64 = cluster.nodes[&other]
+            .shard_status()
+            .iter()
+            .map(|s| s.applied_index)
+            .sum();
+        let mine: u64 = st.iter().map(|s| s.applied_index).sum();
+        let held: usize = st.iter().map(|s| s.held).sum();
+        let installed: u64 = st.iter().map(|s| s.snapshots_installed).sum();
+        if held == 1 && mine >= theirs {
+            assert!(installed > 0, "caught up without a snapshot");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "wiped node did not catch up: {mine} vs {theirs}, held {held}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    change_everywhere(&cluster, MembershipChange::AddVoter, wiped).await;
+    // A full member again: with one of the other nodes down, its vote is
+    // what makes the majority.
+    let other = (1..=3).find(|id| *id != wiped).unwrap();
+    cluster.crash(other).await;
+    cluster.wait_for_leaders(Duration::from_secs(20)).await;
+    let g = get(&cluster, wiped, "acme/wipe-held").await.unwrap();
+    assert_eq!(g.fencing_token, held_now.fencing_token);
+    assert!(acquire(
+        &cluster,
+        wiped,
+        acquire_req("acme/after-wipe", "aw", 60_000, 0)
+    )
+    .await
+    .is_ok());
 }
