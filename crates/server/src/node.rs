@@ -18,8 +18,9 @@ use crate::transport::{RaftService, Transport};
 /// How long shutdown waits for in-flight client calls to finish.
 const SERVER_STOP_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
 
-/// A running node. Dropping it without `shutdown` leaves threads running
-/// until the process exits; tests and the binary call `shutdown`.
+/// A running node. `shutdown` stops it gracefully; dropping it stops it
+/// abruptly (the store loop still ends and closes RocksDB, so the process
+/// never exits with the database open).
 pub struct Node {
     addr: SocketAddr,
     store_tx: StoreSender,
@@ -166,5 +167,23 @@ impl Node {
         if let Some(thread) = self.store_thread.take() {
             let _ = tokio::task::spawn_blocking(move || thread.join()).await;
         }
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        let Some(thread) = self.store_thread.take() else {
+            return; // already shut down
+        };
+        self.raft_service.close();
+        if let Some(stop) = self.server_stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(task) = self.server_task.take() {
+            task.abort();
+        }
+        self.transport.shutdown();
+        let _ = self.store_tx.send(StoreMsg::Shutdown);
+        let _ = thread.join();
     }
 }
