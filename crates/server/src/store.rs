@@ -757,6 +757,15 @@ impl Store {
             queue_messages(&mut outbox, shard_id, light.take_messages());
             apply_entries(peer, light.take_committed_entries(), &mut self.deferred);
             peer.raw.advance_apply();
+            // Informational on disk (restart replays from the snapshot), but
+            // it tells operators and tools how far each replica had applied.
+            let applied = peer.applied_index;
+            if applied > peer.raw.store().applied_index() {
+                let _ = peer
+                    .raw
+                    .mut_store()
+                    .set_applied_index(applied, &mut self.deferred);
+            }
             serve_reads(peer);
             maybe_snapshot(
                 peer,
