@@ -265,6 +265,15 @@ impl Store {
                 st.on_persisted();
             }
         }
+        if shards.len() != config.shard_count as usize {
+            // Resources hash over `shard_count` shards: serving with another
+            // count would route requests to shards that do not hold them.
+            return Err(ServerError::Storage(format!(
+                "the data directory holds {} shards but shard_count is {}; shard_count cannot change after bootstrap",
+                shards.len(),
+                config.shard_count
+            )));
+        }
         let logger = slog::Logger::root(slog::Discard, slog::o!());
         let mut peers = BTreeMap::new();
         for shard_id in shards {

@@ -459,3 +459,16 @@ async fn wiped_follower_is_replaced_and_catches_up_by_snapshot() {
     .await
     .is_ok());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restarting_with_another_shard_count_is_refused() {
+    let mut cluster = Cluster::start(1, |_| {}).await;
+    cluster.crash(1).await;
+    let mut config = cluster.configs[&1].clone();
+    config.shard_count += 1;
+    let err = fencelock_server::node::Node::start(config)
+        .await
+        .err()
+        .expect("refused");
+    assert!(err.to_string().contains("shard_count"), "{err}");
+}
