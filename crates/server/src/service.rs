@@ -188,7 +188,7 @@ impl LockService for LockServiceImpl {
         }
         // Invalid items fail alone; valid ones go to their shard as one
         // RenewBatch command per shard.
-        let mut results: Vec<Option<Result<RenewResponse, Status>>> =
+        let mut results: Vec<Option<Result<RenewResponse, ServerError>>> =
             (0..items.len()).map(|_| None).collect();
         let mut per_shard: BTreeMap<u64, Vec<(usize, RenewItem)>> = BTreeMap::new();
         for (i, item) in items.into_iter().enumerate() {
@@ -205,7 +205,7 @@ impl LockService for LockServiceImpl {
                             lease_ttl_ms: item.lease_ttl_ms,
                         },
                     )),
-                Err(e) => results[i] = Some(Err(e.into())),
+                Err(e) => results[i] = Some(Err(e)),
             }
         }
         // Send to every shard first, then collect: the shards work in parallel.
@@ -228,21 +228,19 @@ impl LockService for LockServiceImpl {
             match outcome {
                 Ok(Reply::RenewedBatch(each)) => {
                     for (pos, r) in positions.into_iter().zip(each) {
-                        results[pos] =
-                            Some(r.map(renewed).map_err(|e| ServerError::Lock(e).into()));
+                        results[pos] = Some(r.map(renewed).map_err(ServerError::Lock));
                     }
                 }
                 Ok(other) => {
                     for pos in positions {
                         results[pos] = Some(Err(ServerError::Internal(format!(
                             "unexpected reply {other:?}"
-                        ))
-                        .into()));
+                        ))));
                     }
                 }
                 Err(e) => {
                     for pos in positions {
-                        results[pos] = Some(Err(e.clone().into()));
+                        results[pos] = Some(Err(e.clone()));
                     }
                 }
             }
@@ -252,9 +250,7 @@ impl LockService for LockServiceImpl {
             .map(|r| {
                 let outcome = match r.expect("every item answered") {
                     Ok(ok) => renew_result::Outcome::Renewed(ok),
-                    Err(status) => renew_result::Outcome::Error(
-                        fencelock_api::v1::ErrorDetail::from_status(&status).unwrap_or_default(),
-                    ),
+                    Err(e) => renew_result::Outcome::Error(e.to_detail()),
                 };
                 RenewResult {
                     outcome: Some(outcome),

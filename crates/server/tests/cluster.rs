@@ -472,3 +472,65 @@ async fn restarting_with_another_shard_count_is_refused() {
         .expect("refused");
     assert!(err.to_string().contains("shard_count"), "{err}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn batch_renew_answers_each_lease_on_its_own() {
+    use fencelock_api::v1::{renew_result::Outcome, RenewBatchRequest, RenewRequest};
+    let cluster = Cluster::start(3, |_| {}).await;
+    let a = acquire(&cluster, 1, acquire_req("acme/batch-a", "a", 10_000, 0))
+        .await
+        .unwrap();
+    let b = acquire(&cluster, 1, acquire_req("beta/batch-b", "b", 10_000, 0))
+        .await
+        .unwrap();
+    let item = |r: &str, lease: &[u8]| RenewRequest {
+        resource: r.into(),
+        lease_id: lease.to_vec(),
+        lease_ttl_ms: 20_000,
+    };
+    let req = RenewBatchRequest {
+        items: vec![
+            item("acme/batch-a", &a.lease_id),
+            item("beta/batch-b", &[7; 16]),
+            item("Bad Name", &a.lease_id),
+            item("beta/batch-b", &b.lease_id),
+        ],
+    };
+    // Leases on several shards: ask any node, following hints is not needed
+    // for a batch (each shard's part goes to its leader from here only if
+    // this node leads it), so ask every node and keep the best answer.
+    let mut best: Option<Vec<Outcome>> = None;
+    for id in 1..=3 {
+        let mut c = cluster.client(id).await;
+        let res = c
+            .renew_batch(req.clone())
+            .await
+            .unwrap()
+            .into_inner()
+            .results;
+        let outcomes: Vec<Outcome> = res.into_iter().map(|r| r.outcome.unwrap()).collect();
+        assert_eq!(outcomes.len(), 4, "one result per item, in order");
+        match &outcomes[1] {
+            Outcome::Error(e) => assert!(
+                matches!(
+                    e.reason(),
+                    Reason::LeaseNotHeld | Reason::NotLeader | Reason::LeaderUnknown
+                ),
+                "{e:?}"
+            ),
+            other => panic!("stale lease renewed: {other:?}"),
+        }
+        match &outcomes[2] {
+            Outcome::Error(e) => assert_eq!(e.reason(), Reason::InvalidResource),
+            other => panic!("bad name accepted: {other:?}"),
+        }
+        if matches!(outcomes[0], Outcome::Renewed(_)) {
+            best = Some(outcomes);
+        }
+    }
+    let best = best.expect("the leader of acme/batch-a's shard renewed it");
+    let Outcome::Renewed(r) = &best[0] else {
+        unreachable!()
+    };
+    assert_eq!(r.lease_ttl_ms, 20_000);
+}
