@@ -180,6 +180,19 @@ impl Peer {
         self.raw.raft.state == StateRole::Leader
     }
 
+    /// Remembers who waits for the entry proposed with context `id`.
+    fn track(&mut self, id: u64, responders: Vec<Responder>) {
+        let term = self.raw.raft.term;
+        self.pending.insert(
+            id,
+            Pending {
+                term,
+                proposed_at: Instant::now(),
+                responders,
+            },
+        );
+    }
+
     /// Leader whose `LeaderChanged` entry has been applied in its term.
     fn is_ready_leader(&self) -> bool {
         self.is_leader() && self.table.leader_term() == self.raw.raft.term
@@ -378,7 +391,11 @@ impl Store {
                     break;
                 }
             }
-            self.publish_status();
+            // Status is for observers (tests, admin views): once per Raft
+            // tick is fresh enough and keeps the lock off the busy path.
+            if ticked {
+                self.publish_status();
+            }
             if stop {
                 break;
             }
@@ -392,40 +409,23 @@ impl Store {
                 shard_id,
                 command,
                 responder,
-            } => {
-                let hint = self.leader_hint(shard_id);
-                let Some(peer) = self.peers.get_mut(&shard_id) else {
-                    respond_err(
-                        responder,
-                        ServerError::Internal(format!("no shard {shard_id} on this node")),
-                    );
-                    return;
-                };
-                if !peer.is_leader() {
-                    respond_err(responder, hint);
-                    return;
-                }
-                if !peer.is_ready_leader() {
-                    respond_err(responder, ServerError::LeaderNotReady { shard_id });
-                    return;
-                }
-                peer.queued.push((command, responder));
-            }
+            } => match self.ready_peer(shard_id) {
+                Ok(peer) => peer.queued.push((command, responder)),
+                Err(e) => respond_err(responder, e),
+            },
             StoreMsg::Read {
                 shard_id,
                 resource,
                 tx,
             } => {
-                let hint = self.leader_hint(shard_id);
                 let id = self.next_proposal_id();
-                let Some(peer) = self.peers.get_mut(&shard_id) else {
-                    let _ = tx.send(Err(ServerError::Internal(format!("no shard {shard_id}"))));
-                    return;
+                let peer = match self.ready_peer(shard_id) {
+                    Ok(peer) => peer,
+                    Err(e) => {
+                        let _ = tx.send(Err(e));
+                        return;
+                    }
                 };
-                if !peer.is_ready_leader() {
-                    let _ = tx.send(Err(hint));
-                    return;
-                }
                 peer.raw.read_index(id.to_be_bytes().to_vec());
                 peer.reads.insert(
                     id,
@@ -452,16 +452,14 @@ impl Store {
                 node_id,
                 tx,
             } => {
-                let hint = self.leader_hint(shard_id);
                 let id = self.next_proposal_id();
-                let Some(peer) = self.peers.get_mut(&shard_id) else {
-                    let _ = tx.send(Err(ServerError::Internal(format!("no shard {shard_id}"))));
-                    return;
+                let peer = match self.ready_peer(shard_id) {
+                    Ok(peer) => peer,
+                    Err(e) => {
+                        let _ = tx.send(Err(e));
+                        return;
+                    }
                 };
-                if !peer.is_ready_leader() {
-                    let _ = tx.send(Err(hint));
-                    return;
-                }
                 let mut cc = raft::prelude::ConfChange::default();
                 cc.set_change_type(match change {
                     MembershipChange::AddVoter => raft::prelude::ConfChangeType::AddNode,
@@ -470,16 +468,7 @@ impl Store {
                 });
                 cc.node_id = node_id;
                 match peer.raw.propose_conf_change(id.to_be_bytes().to_vec(), cc) {
-                    Ok(()) => {
-                        peer.pending.insert(
-                            id,
-                            Pending {
-                                term: peer.raw.raft.term,
-                                proposed_at: Instant::now(),
-                                responders: vec![Responder::Done(tx)],
-                            },
-                        );
-                    }
+                    Ok(()) => peer.track(id, vec![Responder::Done(tx)]),
                     Err(e) => {
                         let _ = tx.send(Err(ServerError::Internal(format!(
                             "configuration change refused: {e}"
@@ -491,7 +480,20 @@ impl Store {
         }
     }
 
-    /// NotLeader with the leader's address, or LeaderUnknown.
+    /// The shard's replica if it is a leader ready to serve; otherwise the
+    /// refusal that tells the caller where to go. The hint is only built on
+    /// refusal: the ready path is every request's path.
+    fn ready_peer(&mut self, shard_id: u64) -> Result<&mut Peer, ServerError> {
+        match self.peers.get(&shard_id) {
+            None => Err(ServerError::Internal(format!(
+                "no shard {shard_id} on this node"
+            ))),
+            Some(peer) if !peer.is_ready_leader() => Err(self.leader_hint(shard_id)),
+            Some(_) => Ok(self.peers.get_mut(&shard_id).expect("checked above")),
+        }
+    }
+
+    /// NotLeader with the leader's address, LeaderNotReady, or LeaderUnknown.
     fn leader_hint(&self, shard_id: u64) -> ServerError {
         let Some(peer) = self.peers.get(&shard_id) else {
             return ServerError::LeaderUnknown { shard_id };
@@ -504,7 +506,12 @@ impl Store {
             // We are the leader but not ready yet.
             return ServerError::LeaderNotReady { shard_id };
         }
-        let addr = self.config.peer_map().get(&leader_id).cloned();
+        let addr = self
+            .config
+            .peers
+            .iter()
+            .find(|p| p.id == leader_id)
+            .map(|p| p.addr.clone());
         ServerError::NotLeader {
             shard_id,
             leader: addr.map(|addr| LeaderInfo {
@@ -623,14 +630,7 @@ impl Store {
                 let data = encode_payload(now, std::slice::from_ref(&cmd));
                 if peer.raw.propose(id.to_be_bytes().to_vec(), data).is_ok() {
                     peer.leader_changed_at = Some(Instant::now());
-                    peer.pending.insert(
-                        id,
-                        Pending {
-                            term: peer.raw.raft.term,
-                            proposed_at: Instant::now(),
-                            responders: vec![Responder::None],
-                        },
-                    );
+                    peer.track(id, vec![Responder::None]);
                 }
             }
             loop {
@@ -658,14 +658,7 @@ impl Store {
                         if is_tick {
                             peer.tick_in_flight = Some(id);
                         }
-                        peer.pending.insert(
-                            id,
-                            Pending {
-                                term: peer.raw.raft.term,
-                                proposed_at: Instant::now(),
-                                responders,
-                            },
-                        );
+                        peer.track(id, responders);
                     }
                     Err(_) => {
                         for r in responders {
@@ -892,13 +885,21 @@ fn apply_entries(peer: &mut Peer, entries: Vec<Entry>, batch: &mut WriteBatch) {
         }
         peer.applied_index = entry.index;
         peer.applied_term = entry.term;
+        let responders = take_pending(peer, &entry);
         if entry.get_entry_type() == EntryType::EntryConfChange {
-            apply_conf_change(peer, &entry, batch);
+            apply_conf_change(peer, &entry, responders, batch);
             continue;
         }
         if entry.get_entry_type() != EntryType::EntryNormal || entry.data.is_empty() {
-            // The empty entry a new leader appends (or a joint-consensus
-            // change, which this node never proposes).
+            // The empty entry a new leader appends, or a proposal raft-rs
+            // replaced by one (a second configuration change while one is
+            // pending): nothing was applied for whoever waits on it.
+            for r in responders {
+                respond_err(
+                    r,
+                    ServerError::Internal("proposal dropped by raft; retry".into()),
+                );
+            }
             continue;
         }
         let (now_ms, commands) = match decode_payload(&entry.data) {
@@ -914,18 +915,7 @@ fn apply_entries(peer: &mut Peer, entries: Vec<Entry>, batch: &mut WriteBatch) {
             epoch: peer.epoch,
             now_ms,
         };
-        let mine = u64_from_ctx(&entry.context)
-            .and_then(|id| match peer.pending.get(&id) {
-                Some(p) if p.term == entry.term => peer.pending.remove(&id),
-                _ => None,
-            })
-            .map(|p| p.responders);
-        if let Some(id) = u64_from_ctx(&entry.context) {
-            if peer.tick_in_flight == Some(id) {
-                peer.tick_in_flight = None;
-            }
-        }
-        let mut responders = mine.unwrap_or_default().into_iter();
+        let mut responders = responders.into_iter();
         for command in &commands {
             let outcome = peer.table.apply(command, &ctx);
             for event in &outcome.events {
@@ -937,13 +927,33 @@ fn apply_entries(peer: &mut Peer, entries: Vec<Entry>, batch: &mut WriteBatch) {
     }
 }
 
+/// Who waits for `entry`: the responders of this node's proposal, if the
+/// entry is that proposal (same context id, same term); otherwise nobody.
+fn take_pending(peer: &mut Peer, entry: &Entry) -> Vec<Responder> {
+    let Some(id) = u64_from_ctx(&entry.context) else {
+        return Vec::new();
+    };
+    if peer.tick_in_flight == Some(id) {
+        peer.tick_in_flight = None;
+    }
+    match peer.pending.get(&id) {
+        Some(p) if p.term == entry.term => peer
+            .pending
+            .remove(&id)
+            .map(|p| p.responders)
+            .unwrap_or_default(),
+        _ => Vec::new(),
+    }
+}
+
 /// Applies a replica change to raft-rs and stages the new configuration.
-fn apply_conf_change(peer: &mut Peer, entry: &Entry, batch: &mut WriteBatch) {
+fn apply_conf_change(
+    peer: &mut Peer,
+    entry: &Entry,
+    responders: Vec<Responder>,
+    batch: &mut WriteBatch,
+) {
     use protobuf::Message as _;
-    let responder = u64_from_ctx(&entry.context).and_then(|id| match peer.pending.get(&id) {
-        Some(p) if p.term == entry.term => peer.pending.remove(&id),
-        _ => None,
-    });
     let result = raft::prelude::ConfChange::parse_from_bytes(&entry.data)
         .map_err(|e| e.to_string())
         .and_then(|cc| peer.raw.apply_conf_change(&cc).map_err(|e| e.to_string()))
@@ -953,7 +963,7 @@ fn apply_conf_change(peer: &mut Peer, entry: &Entry, batch: &mut WriteBatch) {
                 .set_conf_state(&cs, batch)
                 .map_err(|e| e.to_string())
         });
-    for r in responder.map(|p| p.responders).unwrap_or_default() {
+    for r in responders {
         if let Responder::Done(tx) = r {
             let _ = tx.send(result.clone().map_err(ServerError::Internal));
         }
@@ -1108,32 +1118,60 @@ pub fn encode_payload(now_ms: u64, commands: &[Command]) -> Vec<u8> {
 
 /// Inverse of [`encode_payload`]; never panics on bad input.
 pub fn decode_payload(data: &[u8]) -> Result<(u64, Vec<Command>), String> {
-    let take = |data: &mut &[u8], n: usize| -> Result<Vec<u8>, String> {
+    fn take<'a>(data: &mut &'a [u8], n: usize) -> Result<&'a [u8], String> {
         if data.len() < n {
             return Err("payload truncated".into());
         }
         let (head, tail) = data.split_at(n);
         *data = tail;
-        Ok(head.to_vec())
-    };
+        Ok(head)
+    }
+    let be_u32 = |b: &[u8]| u32::from_be_bytes(b.try_into().expect("4 bytes")) as usize;
     let mut rest = data;
     let version = take(&mut rest, 1)?[0];
     if version != PAYLOAD_VERSION {
         return Err(format!("unknown payload version {version}"));
     }
-    let now_ms = u64::from_be_bytes(take(&mut rest, 8)?.try_into().expect("8"));
-    let n = u32::from_be_bytes(take(&mut rest, 4)?.try_into().expect("4")) as usize;
+    let now_ms = u64::from_be_bytes(take(&mut rest, 8)?.try_into().expect("8 bytes"));
+    let n = be_u32(take(&mut rest, 4)?);
     if n > rest.len() {
         return Err("payload count too large".into());
     }
     let mut commands = Vec::with_capacity(n);
     for _ in 0..n {
-        let len = u32::from_be_bytes(take(&mut rest, 4)?.try_into().expect("4")) as usize;
-        let bytes = take(&mut rest, len)?;
-        commands.push(Command::decode(&bytes).map_err(|e| e.to_string())?);
+        let len = be_u32(take(&mut rest, 4)?);
+        commands.push(Command::decode(take(&mut rest, len)?).map_err(|e| e.to_string())?);
     }
     if !rest.is_empty() {
         return Err("trailing bytes in payload".into());
     }
     Ok((now_ms, commands))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fencelock_statemachine::{LeaseId, ResourceName};
+
+    #[test]
+    fn entry_payload_round_trips_and_refuses_damage() {
+        let commands = vec![
+            Command::Tick,
+            Command::Release {
+                resource: ResourceName::parse("acme/x").unwrap(),
+                lease_id: LeaseId([3; 16]),
+            },
+        ];
+        let bytes = encode_payload(42, &commands);
+        assert_eq!(decode_payload(&bytes), Ok((42, commands)));
+        for cut in 0..bytes.len() {
+            assert!(decode_payload(&bytes[..cut]).is_err(), "truncated at {cut}");
+        }
+        let mut long = bytes.clone();
+        long.push(0);
+        assert!(decode_payload(&long).is_err());
+        let mut version = bytes;
+        version[0] = 9;
+        assert!(decode_payload(&version).is_err());
+    }
 }
