@@ -42,6 +42,21 @@ async fn leader_crash_and_reelection_loses_no_acknowledged_grant() {
             .unwrap_err();
         assert_eq!(e.reason(), Reason::LockHeld, "{r} granted twice");
     }
+    // A new grant after the failover gets a larger token than the one the
+    // old leader handed out (invariant 2 across leader changes).
+    let (r0, a0) = &granted[1];
+    assert!(release(&cluster, alive, r0, &a0.lease_id).await.unwrap());
+    let next = acquire(
+        &cluster,
+        alive,
+        acquire_req(r0, "after-failover", 60_000, 0),
+    )
+    .await
+    .unwrap();
+    assert!(
+        next.fencing_token > a0.fencing_token,
+        "token went back after failover"
+    );
     // The crashed node comes back and the cluster still agrees.
     cluster.restart(victim).await;
     let g = get(&cluster, victim, &granted[0].0).await.unwrap();
@@ -151,12 +166,14 @@ async fn healed_partition_converges() {
 async fn whole_cluster_restart_recovers_every_grant_from_disk() {
     let mut cluster = Cluster::start(3, |_| {}).await;
     let mut tokens = Vec::new();
+    let mut lease_ids = Vec::new();
     for i in 0..12 {
         let r = format!("acme/durable-{i}");
         let a = acquire(&cluster, 1, acquire_req(&r, &format!("d{i}"), 120_000, 0))
             .await
             .unwrap();
         tokens.push((r, a.fencing_token));
+        lease_ids.push(a.lease_id);
     }
     for id in 1..=3 {
         cluster.crash(id).await;
@@ -179,6 +196,16 @@ async fn whole_cluster_restart_recovers_every_grant_from_disk() {
     .await
     .unwrap();
     assert!(a.fencing_token > 0);
+    // The same resource, released and granted again after the restart, gets
+    // a larger token than before it (invariant 2 across restarts).
+    assert!(release(&cluster, 1, r, &lease_ids[0]).await.unwrap());
+    let again = acquire(&cluster, 1, acquire_req(r, "after-restart", 60_000, 0))
+        .await
+        .unwrap();
+    assert!(
+        again.fencing_token > tokens[0].1,
+        "token went back after restart"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
