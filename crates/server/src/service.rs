@@ -288,10 +288,7 @@ impl LockService for LockServiceImpl {
             tx,
         })?;
         let read = rx.await.map_err(|_| ServerError::ShuttingDown)??;
-        let now_ms = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_millis() as u64)
-            .unwrap_or(0);
+        let now_ms = crate::store::wall_ms();
         let response = match read.view {
             Some(v) => GetResponse {
                 // A lease past its expiry that no command has retired yet is

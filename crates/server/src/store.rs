@@ -143,7 +143,8 @@ impl LeaderClock {
     }
 }
 
-fn wall_ms() -> u64 {
+/// This node's wall clock, in ms since the Unix epoch.
+pub fn wall_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_millis() as u64)
