@@ -2,12 +2,14 @@
 //! loopback. The leader is killed with SIGKILL under a stream of acquires;
 //! every acknowledged grant must still be there afterwards.
 
+mod common;
+
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use fencelock_api::v1::lock_service_client::LockServiceClient;
-use fencelock_api::v1::{AcquireRequest, ErrorDetail, GetRequest, Reason};
+use fencelock_api::v1::{AcquireRequest, ErrorDetail, GetRequest};
 
 /// Kills the process when dropped, so a failing test leaves nothing behind.
 struct Proc(Child);
@@ -57,66 +59,13 @@ fn spawn(dir: &Path, id: u64) -> Proc {
     Proc(child)
 }
 
-fn detail(status: &tonic::Status) -> ErrorDetail {
-    ErrorDetail::from_status(status).unwrap_or_else(|| ErrorDetail {
-        reason: Reason::Unspecified as i32,
-        message: status.message().to_string(),
-        ..Default::default()
-    })
-}
-
-/// Sends one request, following leader hints and trying other nodes on
-/// transient failures, for up to `within`.
-async fn call<T, F, Fut>(endpoints: &[String], within: Duration, mut f: F) -> Result<T, ErrorDetail>
+/// Follows leader hints from `endpoints[0]`, trying the others in turn.
+async fn call<T, F, Fut>(endpoints: &[String], within: Duration, f: F) -> Result<T, ErrorDetail>
 where
     F: FnMut(LockServiceClient<tonic::transport::Channel>) -> Fut,
     Fut: std::future::Future<Output = Result<T, tonic::Status>>,
 {
-    let deadline = Instant::now() + within;
-    let mut next = 0usize;
-    let mut endpoint = endpoints[0].clone();
-    loop {
-        let result = match tokio::time::timeout(
-            Duration::from_secs(1),
-            LockServiceClient::connect(endpoint.clone()),
-        )
-        .await
-        {
-            Ok(Ok(client)) => f(client).await,
-            _ => Err(tonic::Status::unavailable("connect failed")),
-        };
-        let d = match result {
-            Ok(v) => return Ok(v),
-            Err(status) => detail(&status),
-        };
-        let transient = matches!(
-            d.reason(),
-            Reason::NotLeader
-                | Reason::LeaderUnknown
-                | Reason::LeaderNotReady
-                | Reason::NoQuorum
-                | Reason::OutcomeUnknown
-                | Reason::Unspecified
-                | Reason::ServerBusy
-                | Reason::ShuttingDown
-        );
-        if !transient || Instant::now() > deadline {
-            return Err(d);
-        }
-        match d
-            .leader
-            .as_ref()
-            .map(|l| l.address.clone())
-            .filter(|a| !a.is_empty())
-        {
-            Some(addr) if d.reason() == Reason::NotLeader => endpoint = format!("http://{addr}"),
-            _ => {
-                next += 1;
-                endpoint = endpoints[next % endpoints.len()].clone();
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-        }
-    }
+    common::call_endpoints(&endpoints[0], endpoints, within, f).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

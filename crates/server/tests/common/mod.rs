@@ -133,6 +133,27 @@ pub async fn with_leader<T, F, Fut>(
     cluster: &Cluster,
     start_node: u64,
     within: Duration,
+    call: F,
+) -> Result<T, ErrorDetail>
+where
+    F: FnMut(LockServiceClient<Channel>) -> Fut,
+    Fut: std::future::Future<Output = Result<T, tonic::Status>>,
+{
+    let running: Vec<String> = cluster
+        .nodes
+        .keys()
+        .map(|id| cluster.endpoint(*id))
+        .collect();
+    call_endpoints(&cluster.endpoint(start_node), &running, within, call).await
+}
+
+/// Runs `call` against `first`, following NOT_LEADER hints and otherwise
+/// trying `endpoints` in turn on transient refusals (no leader yet, no
+/// quorum, unknown outcome, unreachable) until `within` runs out.
+pub async fn call_endpoints<T, F, Fut>(
+    first: &str,
+    endpoints: &[String],
+    within: Duration,
     mut call: F,
 ) -> Result<T, ErrorDetail>
 where
@@ -140,12 +161,13 @@ where
     Fut: std::future::Future<Output = Result<T, tonic::Status>>,
 {
     let deadline = Instant::now() + within;
-    let mut endpoint = cluster.endpoint(start_node);
+    let mut endpoint = first.to_string();
     let mut attempt = 0usize;
     loop {
-        let result = match LockServiceClient::connect(endpoint.clone()).await {
-            Ok(client) => call(client).await,
-            Err(e) => Err(tonic::Status::unavailable(e.to_string())),
+        let connect = LockServiceClient::connect(endpoint.clone());
+        let result = match tokio::time::timeout(Duration::from_secs(1), connect).await {
+            Ok(Ok(client)) => call(client).await,
+            _ => Err(tonic::Status::unavailable("connect failed")),
         };
         let status = match result {
             Ok(v) => return Ok(v),
@@ -165,24 +187,20 @@ where
                 | Reason::OutcomeUnknown
                 | Reason::Unspecified
                 | Reason::ServerBusy
+                | Reason::ShuttingDown
         );
         if !retryable || Instant::now() >= deadline {
             return Err(detail);
         }
-        if let Some(addr) = detail
-            .leader
-            .as_ref()
-            .map(|l| l.address.clone())
-            .filter(|a| !a.is_empty())
-        {
-            endpoint = format!("http://{addr}");
-        } else {
-            // Try the running nodes in turn.
-            attempt += 1;
-            let ids: Vec<u64> = cluster.nodes.keys().copied().collect();
-            let next = ids[attempt % ids.len()];
-            endpoint = cluster.endpoint(next);
-            tokio::time::sleep(Duration::from_millis(50)).await;
+        match detail.leader.as_ref().map(|l| l.address.clone()) {
+            Some(addr) if detail.reason() == Reason::NotLeader && !addr.is_empty() => {
+                endpoint = format!("http://{addr}");
+            }
+            _ => {
+                attempt += 1;
+                endpoint = endpoints[attempt % endpoints.len()].clone();
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
         }
     }
 }
