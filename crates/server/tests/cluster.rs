@@ -561,3 +561,36 @@ async fn batch_renew_answers_each_lease_on_its_own() {
     };
     assert_eq!(r.lease_ttl_ms, 20_000);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_follower_never_answers_reads_or_writes_itself() {
+    let cluster = Cluster::start(3, |_| {}).await;
+    let r = "acme/follower-read";
+    acquire(&cluster, 1, acquire_req(r, "f", 60_000, 0))
+        .await
+        .unwrap();
+    let leader = cluster.leader_of(shard_of(&cluster, r)).unwrap();
+    let follower = (1..=3).find(|id| *id != leader).unwrap();
+    let mut c = cluster.client(follower).await;
+    let status = c
+        .get(fencelock_api::v1::GetRequest { resource: r.into() })
+        .await
+        .unwrap_err();
+    let detail = fencelock_api::v1::ErrorDetail::from_status(&status).unwrap();
+    assert_eq!(
+        detail.reason(),
+        Reason::NotLeader,
+        "a follower served a read"
+    );
+    assert_eq!(
+        detail.leader.unwrap().address,
+        cluster.configs[&leader].listen_addr,
+        "the hint names the leader"
+    );
+    let status = c
+        .acquire(acquire_req("acme/follower-read", "g", 60_000, 0))
+        .await
+        .unwrap_err();
+    let detail = fencelock_api::v1::ErrorDetail::from_status(&status).unwrap();
+    assert_eq!(detail.reason(), Reason::NotLeader);
+}
