@@ -892,18 +892,8 @@ impl<E: Engine + ?Sized> ShardStorage<E> {
 
     /// Term of entry `index` in the staged view (durable + pending).
     fn staged_term(&self, index: u64) -> Result<u64> {
-        let s = &self.staged;
-        if index == s.log.truncated_index {
-            return Ok(s.log.truncated_term);
-        }
-        if index < s.log.truncated_index {
-            return Err(self.compacted(index, s));
-        }
-        if index > s.log.last_index {
-            return Err(self.unavailable(index, s));
-        }
-        if index == s.log.last_index {
-            return Ok(s.last_term);
+        if let Some(term) = self.term_at_bounds(index, &self.staged)? {
+            return Ok(term);
         }
         // Newest pending append wins: it overwrote anything older there.
         for op in self.pending.iter().rev() {
@@ -933,10 +923,12 @@ impl<E: Engine + ?Sized> ShardStorage<E> {
         self.durable_term(index)
     }
 
-    fn durable_term(&self, index: u64) -> Result<u64> {
-        let s = &self.durable;
+    /// The term of `index` when the log state alone answers it (the
+    /// truncation point or the last entry), an error when `index` lies
+    /// outside the log, `None` when the entry itself must be looked at.
+    fn term_at_bounds(&self, index: u64, s: &ShardState) -> Result<Option<u64>> {
         if index == s.log.truncated_index {
-            return Ok(s.log.truncated_term);
+            return Ok(Some(s.log.truncated_term));
         }
         if index < s.log.truncated_index {
             return Err(self.compacted(index, s));
@@ -945,7 +937,14 @@ impl<E: Engine + ?Sized> ShardStorage<E> {
             return Err(self.unavailable(index, s));
         }
         if index == s.log.last_index {
-            return Ok(s.last_term);
+            return Ok(Some(s.last_term));
+        }
+        Ok(None)
+    }
+
+    fn durable_term(&self, index: u64) -> Result<u64> {
+        if let Some(term) = self.term_at_bounds(index, &self.durable)? {
+            return Ok(term);
         }
         if let Some(e) = self.cache.get(index) {
             return Ok(e.term);
