@@ -12,7 +12,7 @@ use fencelock_api::v1::{
 use fencelock_statemachine::limits::{LEASE_ID_LEN, MAX_RENEW_BATCH};
 use fencelock_statemachine::{
     AcquireStatus, Command, LeaseEnd, LeaseId, LockError, RenewItem, Renewed, Reply, RequestId,
-    ResourceName, WaitEnd,
+    ResourceName,
 };
 use tokio::sync::oneshot;
 use tonic::{Request, Response, Status};
@@ -122,20 +122,9 @@ impl LockService for LockServiceImpl {
                     LeaseEnd::Cancelled => LeaseState::Cancelled,
                 },
             ),
-            AcquireStatus::WaitEnded(WaitEnd::TimedOut) => {
-                return Err(ServerError::WaitTimedOut.into())
-            }
-            AcquireStatus::WaitEnded(WaitEnd::Cancelled) => {
-                return Err(ServerError::WaitCancelled.into())
-            }
-            AcquireStatus::WaitEnded(WaitEnd::TokenSpaceExhausted) => {
-                return Err(ServerError::Lock(LockError::TokenSpaceExhausted {
-                    epoch: ShardMap::initial_epoch(shard_id),
-                })
-                .into())
-            }
-            AcquireStatus::Queued { .. } => {
-                return Err(ServerError::Internal("acquire answered while queued".into()).into())
+            // The store answers waits that ended as errors (finish_acquire).
+            AcquireStatus::Queued { .. } | AcquireStatus::WaitEnded(_) => {
+                return Err(ServerError::Internal("acquire answered before it ended".into()).into())
             }
         };
         Ok(Response::new(AcquireResponse {

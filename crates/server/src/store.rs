@@ -26,8 +26,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use crossbeam_channel::{Receiver, Sender};
 use fencelock_raftstore::{RocksEngine, ShardStorage, WriteBatch};
 use fencelock_statemachine::{
-    AcquireReply, AcquireStatus, ApplyContext, Command, Event, LeaseId, LockTable, LockView, Reply,
-    ResourceName,
+    AcquireReply, AcquireStatus, ApplyContext, Command, Event, LeaseId, LockError, LockTable,
+    LockView, Reply, ResourceName, WaitEnd,
 };
 use raft::prelude::{Entry, EntryType, Message};
 use raft::{RawNode, StateRole};
@@ -992,7 +992,7 @@ fn respond(
                     // Answered when a later apply grants or ends the wait.
                     peer.waiting.insert(a.lease_id, Waiting { resource, tx });
                 } else {
-                    let _ = tx.send(Ok(a));
+                    let _ = tx.send(finish_acquire(peer.epoch, a));
                 }
             }
             Ok(other) => {
@@ -1032,14 +1032,29 @@ fn on_event(peer: &mut Peer, event: &Event) {
             lease_id, ended, ..
         } => {
             if let Some(w) = peer.waiting.remove(lease_id) {
-                let _ = w.tx.send(Ok(AcquireReply {
+                let reply = AcquireReply {
                     lease_id: *lease_id,
                     deduplicated: false,
                     status: AcquireStatus::WaitEnded(*ended),
-                }));
+                };
+                let _ = w.tx.send(finish_acquire(peer.epoch, reply));
             }
         }
         Event::LeaseEnded { .. } => {}
+    }
+}
+
+/// The final answer to an acquire: a wait that ended without a grant
+/// (directly, or reported again to a retry) is an error, with the shard's
+/// current epoch where the reason needs it.
+fn finish_acquire(epoch: u64, reply: AcquireReply) -> AcquireResult {
+    match reply.status {
+        AcquireStatus::WaitEnded(WaitEnd::TimedOut) => Err(ServerError::WaitTimedOut),
+        AcquireStatus::WaitEnded(WaitEnd::Cancelled) => Err(ServerError::WaitCancelled),
+        AcquireStatus::WaitEnded(WaitEnd::TokenSpaceExhausted) => {
+            Err(ServerError::Lock(LockError::TokenSpaceExhausted { epoch }))
+        }
+        _ => Ok(reply),
     }
 }
 
