@@ -11,6 +11,36 @@ use fencelock_server::shard_map::ShardMap;
 use fencelock_server::store::MembershipChange;
 use fencelock_statemachine::ResourceName;
 
+/// Waits until `node` has applied as far as `reference` and holds the one
+/// lock the scenario left held, and checks it got there by installing a
+/// snapshot rather than from the log.
+async fn wait_caught_up_by_snapshot(cluster: &Cluster, node: u64, reference: u64) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let st = cluster.nodes[&node].shard_status();
+        let theirs: u64 = cluster.nodes[&reference]
+            .shard_status()
+            .iter()
+            .map(|s| s.applied_index)
+            .sum();
+        let mine: u64 = st.iter().map(|s| s.applied_index).sum();
+        let held: usize = st.iter().map(|s| s.held).sum();
+        let installed: u64 = st.iter().map(|s| s.snapshots_installed).sum();
+        if held == 1 && mine >= theirs {
+            assert!(
+                installed > 0,
+                "caught up from the log: the test did not exercise snapshots"
+            );
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "node {node} did not catch up: {mine} vs {theirs}, held {held}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 fn shard_of(cluster: &Cluster, resource: &str) -> u64 {
     let n = cluster.configs.values().next().unwrap().shard_count;
     ShardMap::new(n).shard_of(&ResourceName::parse(resource).unwrap())
@@ -243,30 +273,7 @@ async fn lagging_follower_catches_up_by_snapshot_after_log_compaction() {
     .await
     .unwrap();
     cluster.restart(follower).await;
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let st = cluster.nodes[&follower].shard_status();
-        let leader_applied: u64 = cluster.nodes[&alive]
-            .shard_status()
-            .iter()
-            .map(|s| s.applied_index)
-            .sum();
-        let mine: u64 = st.iter().map(|s| s.applied_index).sum();
-        let held: usize = st.iter().map(|s| s.held).sum();
-        let installed: u64 = st.iter().map(|s| s.snapshots_installed).sum();
-        if held == 1 && mine >= leader_applied {
-            assert!(
-                installed > 0,
-                "caught up from the log: the test did not exercise snapshots"
-            );
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "lagging follower did not catch up: {mine} vs {leader_applied}, held {held}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_caught_up_by_snapshot(&cluster, follower, alive).await;
     let g = get(&cluster, alive, "acme/snap-held").await.unwrap();
     assert_eq!(g.fencing_token, held_now.fencing_token);
 }
@@ -448,32 +455,11 @@ async fn wiped_follower_is_replaced_and_catches_up_by_snapshot() {
     change_everywhere(&cluster, MembershipChange::Remove, wiped).await;
     cluster.restart(wiped).await;
     change_everywhere(&cluster, MembershipChange::AddLearner, wiped).await;
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let st = cluster.nodes[&wiped].shard_status();
-        let other = (1..=3).find(|id| *id != wiped).unwrap();
-        let theirs: u64 = cluster.nodes[&other]
-            .shard_status()
-            .iter()
-            .map(|s| s.applied_index)
-            .sum();
-        let mine: u64 = st.iter().map(|s| s.applied_index).sum();
-        let held: usize = st.iter().map(|s| s.held).sum();
-        let installed: u64 = st.iter().map(|s| s.snapshots_installed).sum();
-        if held == 1 && mine >= theirs {
-            assert!(installed > 0, "caught up without a snapshot");
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "wiped node did not catch up: {mine} vs {theirs}, held {held}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let other = (1..=3).find(|id| *id != wiped).unwrap();
+    wait_caught_up_by_snapshot(&cluster, wiped, other).await;
     change_everywhere(&cluster, MembershipChange::AddVoter, wiped).await;
     // A full member again: with one of the other nodes down, its vote is
     // what makes the majority.
-    let other = (1..=3).find(|id| *id != wiped).unwrap();
     cluster.crash(other).await;
     cluster.wait_for_leaders(Duration::from_secs(20)).await;
     let g = get(&cluster, wiped, "acme/wipe-held").await.unwrap();
