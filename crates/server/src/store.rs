@@ -1125,9 +1125,12 @@ pub fn encode_payload(now_ms: u64, commands: &[Command]) -> Vec<u8> {
     out.extend_from_slice(&now_ms.to_be_bytes());
     out.extend_from_slice(&(commands.len() as u32).to_be_bytes());
     for c in commands {
-        let bytes = c.encode();
-        out.extend_from_slice(&(bytes.len() as u32).to_be_bytes());
-        out.extend_from_slice(&bytes);
+        // Length prefix first, patched once the command is written in place.
+        let at = out.len();
+        out.extend_from_slice(&[0; 4]);
+        c.encode_into(&mut out);
+        let len = (out.len() - at - 4) as u32;
+        out[at..at + 4].copy_from_slice(&len.to_be_bytes());
     }
     out
 }

@@ -140,7 +140,14 @@ const CMD_LEADER_CHANGED: u8 = 7;
 impl Command {
     /// Encodes the command as a Raft entry payload.
     pub fn encode(&self) -> Vec<u8> {
-        let mut w = Writer(Vec::with_capacity(64));
+        let mut out = Vec::with_capacity(64);
+        self.encode_into(&mut out);
+        out
+    }
+
+    /// Appends the encoding to `out`, so many commands can share one buffer.
+    pub fn encode_into(&self, out: &mut Vec<u8>) {
+        let mut w = Writer(std::mem::take(out));
         w.u8(COMMAND_VERSION);
         match self {
             Command::Acquire {
@@ -194,7 +201,7 @@ impl Command {
                 w.u64(*clock_offset_allowance_ms);
             }
         }
-        w.0
+        *out = w.0;
     }
 
     /// Decodes a Raft entry payload.
