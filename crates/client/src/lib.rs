@@ -1,0 +1,1 @@
+//! fencelock client (work in progress).

@@ -1,0 +1,1 @@
+//! Fencing on the protected side (work in progress).

@@ -1,0 +1,1 @@
+//! Placement: the replicated cluster map and the pure planner (work in progress).
