@@ -22,6 +22,29 @@ command -v cargo >/dev/null || {
   exit 1
 }
 
+# PostgreSQL server binaries (initdb, pg_ctl, postgres): the fencing tests
+# start a throwaway server (crates/fencing/src/testing/pg_server.rs).
+have_pg_server() {
+  compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null || command -v initdb >/dev/null
+}
+have_pg_server || missing+=(postgresql)
+
+# Python gRPC packages for the Python client example and its test
+# (crates/server/tests/python_client.rs), from pip at the versions pinned in
+# examples/python/requirements.txt: Debian's python3-grpc-tools (1.14) is far
+# older than its python3-grpcio (1.51) and generates code the protobuf
+# runtime beside them rejects. A no-op when the pins are already installed.
+# A failure only warns, so the Rust tests still run; the Python test then
+# fails and names the command.
+python_requirements="$(cd "$(dirname "$0")/../.." && pwd)/examples/python/requirements.txt"
+python_install="python3 -m pip install -r $python_requirements"
+if ! command -v python3 >/dev/null; then
+  echo "warning: python3 not found; install it (apt-get install -y python3 python3-pip), then: $python_install" >&2
+elif ! PIP_ROOT_USER_ACTION=ignore python3 -m pip install --quiet --disable-pip-version-check \
+    -r "$python_requirements" >&2; then
+  echo "warning: could not install the Python gRPC packages; install them with: $python_install" >&2
+fi
+
 [ ${#missing[@]} -eq 0 ] && exit 0
 
 echo "fencelock: installing missing build packages: ${missing[*]}" >&2

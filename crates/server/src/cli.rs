@@ -5,12 +5,17 @@
 //! * `dev` writes configs for a local cluster and runs one `serve` child
 //!   process per node ([`dev`]).
 //! * `acquire`, `renew`, `release`, `get` are a minimal client ([`client`]).
+//! * `lock <resource> -- <command>` runs a command while holding a lock,
+//!   through the client library ([`lock`]).
+//! * `admin ...` are the operator commands ([`admin`]).
 //!
 //! Exit codes are the same for every subcommand ([`EXIT_CODES_HELP`]).
 
+mod admin;
 mod client;
 mod dev;
 mod json;
+mod lock;
 
 use std::path::{Path, PathBuf};
 
@@ -83,6 +88,15 @@ enum Command {
     /// Show a resource's lock state (linearizable read).
     #[command(after_help = EXIT_CODES_HELP)]
     Get(client::GetArgs),
+    /// Run a command while holding a lock: acquire, pass the fencing token
+    /// in $FENCELOCK_TOKEN, keep the lease renewed, stop the command if the
+    /// lock is lost, release when it exits.
+    #[command(after_help = lock::LOCK_EXIT_CODES_HELP)]
+    Lock(lock::LockArgs),
+    /// Operator commands: inspect and change placement (nodes, shards,
+    /// leaders, replicas, slots). Any node answers.
+    #[command(after_help = EXIT_CODES_HELP)]
+    Admin(admin::AdminArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -133,6 +147,8 @@ pub async fn run(cli: Cli) -> u8 {
         Command::Renew(args) => client::renew(args).await,
         Command::Release(args) => client::release(args).await,
         Command::Get(args) => client::get(args).await,
+        Command::Lock(args) => lock::run(args).await,
+        Command::Admin(args) => admin::run(args).await,
     }
 }
 

@@ -74,10 +74,21 @@ pub struct NodeConfig {
     /// The static initial member list, this node included: 1 to
     /// [`MAX_PEERS`] members with unique ids and addresses.
     pub peers: Vec<PeerConfig>,
-    /// Number of shards (Raft groups) resources are hashed over,
-    /// 1..=[`MAX_SHARDS`].
+    /// Number of data shards (Raft groups) the cluster starts with,
+    /// 1..=[`MAX_SHARDS`]. Used only when the cluster bootstraps; afterwards
+    /// the placement map decides (`fencelock admin reshard` splits shards).
     #[serde(default = "default_shard_count")]
     pub shard_count: u32,
+    /// Replicas per shard when the cluster bootstraps, 1..=7 (default 3;
+    /// at most the number of `peers`). Used only at bootstrap, like
+    /// `shard_count`; afterwards the placement map decides.
+    #[serde(default = "default_replication_factor")]
+    pub replication_factor: u32,
+    /// Start as a new, empty member of a running cluster (default false):
+    /// bootstrap nothing and wait for `fencelock admin add-node` and replica
+    /// moves. `peers` then lists this node and at least one running member.
+    #[serde(default)]
+    pub join: bool,
     /// Raft timing and the store loop's bounds.
     #[serde(default)]
     pub raft: RaftConfig,
@@ -239,6 +250,10 @@ impl LockConfig {
     }
 }
 
+fn default_replication_factor() -> u32 {
+    3
+}
+
 fn default_shard_count() -> u32 {
     8
 }
@@ -381,6 +396,7 @@ impl NodeConfig {
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.validate_identity()?;
         check_range("shard_count", self.shard_count, 1, MAX_SHARDS)?;
+        check_range("replication_factor", self.replication_factor, 1, 7)?;
         self.validate_raft()?;
         self.validate_lock()
     }
@@ -641,6 +657,8 @@ impl NodeConfig {
             data_dir: data_dir.into(),
             peers,
             shard_count: 4,
+            replication_factor: 3,
+            join: false,
             raft: RaftConfig {
                 tick_interval_ms: 20,
                 election_ticks: 10,

@@ -93,6 +93,17 @@ pub enum ServerError {
     /// A bug: something that should not happen did.
     #[error("internal error: {0}")]
     Internal(String),
+    /// This node has no replica of the shard (it moved, or the node's map
+    /// is stale).
+    #[error("this node has no replica of shard {shard_id}")]
+    ShardNotHere { shard_id: u64 },
+    /// The placement map refused an operator's change; nothing changed.
+    #[error("placement refused: {0}")]
+    Placement(fencelock_placement::PlacementError),
+    /// A routed request still found no owner after following the map: a
+    /// migration is between its steps. Retry after a short backoff.
+    #[error("{0}")]
+    Routing(String),
 }
 
 fn leader_note(leader: &Option<LeaderInfo>) -> String {
@@ -120,6 +131,9 @@ impl ServerError {
             ServerError::Storage(_) | ServerError::Config(_) | ServerError::Internal(_) => {
                 Reason::Internal
             }
+            ServerError::ShardNotHere { .. } => Reason::ShardNotFound,
+            ServerError::Routing(_) => Reason::EpochNotMatch,
+            ServerError::Placement(e) => placement_reason(e),
         }
     }
 
@@ -182,10 +196,39 @@ impl ServerError {
                     ..base
                 }
             }
+            ServerError::ShardNotHere { shard_id } => ErrorDetail {
+                shard_id: *shard_id,
+                ..base
+            },
+            ServerError::Routing(_) => ErrorDetail {
+                retry: RetryPolicy::Backoff as i32,
+                retry_after_ms: LEADER_UNKNOWN_RETRY_AFTER_MS,
+                ..base
+            },
+            ServerError::Placement(_) => base,
             ServerError::ShuttingDown | ServerError::WaitTimedOut | ServerError::WaitCancelled => {
                 base
             }
         }
+    }
+}
+
+fn placement_reason(error: &fencelock_placement::PlacementError) -> Reason {
+    use fencelock_placement::PlacementError as E;
+    match error {
+        E::UnknownNode { .. } => Reason::NodeNotFound,
+        E::UnknownShard { .. } => Reason::ShardNotFound,
+        E::InvalidNodeId { .. }
+        | E::InvalidAddr { .. }
+        | E::InvalidSlotCount { .. }
+        | E::SlotOutOfRange { .. }
+        | E::SlotsNotSorted { .. }
+        | E::SameShard { .. }
+        | E::NotADataShard { .. }
+        | E::NoReplicas
+        | E::InvalidShardCount { .. }
+        | E::InvalidReplicationFactor { .. } => Reason::InvalidAdminRequest,
+        _ => Reason::PlacementConflict,
     }
 }
 
@@ -235,6 +278,9 @@ fn lock_reason(error: &LockError) -> Reason {
         // Internal commands are built by the server, never by a caller: a
         // refusal is a server bug.
         E::InvalidCommand { .. } => Reason::Internal,
+        // Routed by a stale map: refresh it and retry at the owner.
+        E::WrongShard { .. } => Reason::EpochNotMatch,
+        E::MigrationRefused { .. } => Reason::PlacementConflict,
     }
 }
 
@@ -310,6 +356,11 @@ fn lock_detail(error: &LockError, base: ErrorDetail) -> ErrorDetail {
             retry_after_ms: INTERNAL_RETRY_AFTER_MS,
             ..base
         },
-        E::LeaseNotHeld | E::LeaseIdCollision => base,
+        E::WrongShard { epoch, .. } => ErrorDetail {
+            current_epoch: epoch,
+            retry_after_ms: LEADER_UNKNOWN_RETRY_AFTER_MS,
+            ..base
+        },
+        E::LeaseNotHeld | E::LeaseIdCollision | E::MigrationRefused { .. } => base,
     }
 }

@@ -8,15 +8,27 @@
 //!   Raft messages for all shards.
 //! * [`store`] — the multi-Raft store loop: one thread drives every shard's
 //!   `RawNode` and persists all of them with one synced write per iteration.
-//! * [`service`] — the public `LockService` over the store.
+//! * [`service`] — the public `LockService` over the store, with routing
+//!   and forwarding to shard leaders.
+//! * [`admin`] — the public `AdminService` (`fencelock admin ...`).
+//! * [`ops`] — operator actions: replica moves, leader transfers, balancing,
+//!   draining, resharding, driven over [`control`] calls.
+//! * [`control`] — the internal `NodeControl` service: node-local steps.
 //! * [`node`] — wiring: open storage, start the store, transport and gRPC
 //!   server; shut them down.
+//! * [`router`] — this node's view of the placement map and shard leaders.
+//! * [`peers`] — gRPC channels to other nodes (forwarding, operator actions).
 //! * [`shard_map`] — which shard a resource belongs to.
 
+pub mod admin;
 pub mod config;
+pub mod control;
 pub mod errors;
 pub mod netfilter;
 pub mod node;
+pub mod ops;
+pub mod peers;
+pub mod router;
 pub mod service;
 pub mod shard_map;
 pub mod store;

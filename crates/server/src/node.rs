@@ -10,8 +10,9 @@ use tokio::sync::oneshot;
 use crate::config::NodeConfig;
 use crate::errors::ServerError;
 use crate::netfilter::NetworkRules;
+use crate::peers::PeerChannels;
+use crate::router::Router;
 use crate::service::LockServiceImpl;
-use crate::shard_map::ShardMap;
 use crate::store::{MembershipChange, ShardStatus, Store, StoreMsg, StoreSender};
 use crate::transport::{RaftService, Transport};
 
@@ -30,6 +31,30 @@ pub struct Node {
     transport: Arc<Transport>,
     raft_service: RaftService,
     status: Arc<Mutex<Vec<ShardStatus>>>,
+    router: Arc<Router>,
+    map_task: tokio::task::JoinHandle<()>,
+}
+
+/// How often a node refreshes its placement map from peers when it has no
+/// meta replica of its own (a node with one is updated at apply).
+const MAP_REFRESH_INTERVAL: std::time::Duration = std::time::Duration::from_secs(2);
+
+async fn refresh_map(ops: crate::ops::Ops, status: Arc<Mutex<Vec<ShardStatus>>>) {
+    let mut interval = tokio::time::interval(MAP_REFRESH_INTERVAL);
+    loop {
+        interval.tick().await;
+        let has_meta = status
+            .lock()
+            .map(|s| {
+                s.iter().any(|r| {
+                    r.shard_id == fencelock_placement::META_SHARD_ID && r.applied_index > 0
+                })
+            })
+            .unwrap_or(false);
+        if !has_meta {
+            let _ = ops.fresh_map().await;
+        }
+    }
 }
 
 impl Node {
@@ -65,7 +90,8 @@ impl Node {
         ));
         let (store_tx, store_rx) = crossbeam_channel::bounded(config.raft.store_queue_depth);
         let status = Arc::new(Mutex::new(Vec::new()));
-        let shards = ShardMap::new(config.shard_count);
+        let router = Arc::new(Router::new(config.peer_map()));
+        let peers = Arc::new(PeerChannels::default());
         let default_ttl = config.lock.default_lease_ttl_ms;
         let store = Store::open(
             config.clone(),
@@ -73,6 +99,7 @@ impl Node {
             transport.clone(),
             store_rx,
             status.clone(),
+            router.clone(),
         )?;
         let store_thread = std::thread::Builder::new()
             .name(format!("store-{}", config.node_id))
@@ -85,13 +112,36 @@ impl Node {
             let _ = inbound.try_send(StoreMsg::Raft { envelopes });
         }));
         let raft_service_handle = raft_service.clone();
-        let lock_service = LockServiceImpl::new(store_tx.clone(), shards, default_ttl);
+        let lock_service = LockServiceImpl::new(
+            config.node_id,
+            store_tx.clone(),
+            router.clone(),
+            peers.clone(),
+            default_ttl,
+        );
+        let control = crate::control::NodeControlImpl::new(
+            config.node_id,
+            store_tx.clone(),
+            router.clone(),
+            status.clone(),
+        );
+        let ops = crate::ops::Ops::new(
+            router.clone(),
+            peers.clone(),
+            config.raft.clock_offset_allowance_ms,
+        );
+        let admin = crate::admin::AdminServiceImpl::new(ops.clone());
+        // A node without a replica of the meta shard (one added later) gets
+        // the map from its peers: at start, then every few seconds.
+        let map_task = tokio::spawn(refresh_map(ops, status.clone()));
         let (stop_tx, stop_rx) = oneshot::channel::<()>();
         let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
         let server_task = tokio::spawn(async move {
             let result = tonic::transport::Server::builder()
                 .add_service(LockServiceServer::new(lock_service))
                 .add_service(raft_service.into_server())
+                .add_service(control.into_server())
+                .add_service(admin.into_server())
                 .serve_with_incoming_shutdown(incoming, async {
                     let _ = stop_rx.await;
                 })
@@ -109,6 +159,8 @@ impl Node {
             transport,
             raft_service: raft_service_handle,
             status,
+            router,
+            map_task,
         })
     }
 
@@ -144,7 +196,33 @@ impl Node {
 
     /// Stops serving, stops the store loop (answering what is in flight with
     /// SHUTTING_DOWN) and closes the database.
+    /// Proposes `command` to this node's replica of `shard_id` exactly as
+    /// given, bypassing routing: for tests and tools that must reach one
+    /// particular shard (for example to show that a shard refuses a slot it
+    /// does not own).
+    pub async fn propose_to_shard(
+        &self,
+        shard_id: u64,
+        command: fencelock_statemachine::Command,
+    ) -> Result<fencelock_statemachine::Reply, ServerError> {
+        let (tx, rx) = oneshot::channel();
+        self.store_tx
+            .try_send(StoreMsg::Propose {
+                shard_id,
+                command,
+                responder: crate::store::Responder::Reply(tx),
+            })
+            .map_err(|_| ServerError::ServerBusy)?;
+        rx.await.map_err(|_| ServerError::ShuttingDown)?
+    }
+
+    /// This node's view of the placement map and shard leaders.
+    pub fn router(&self) -> &Arc<Router> {
+        &self.router
+    }
+
     pub async fn shutdown(mut self) {
+        self.map_task.abort();
         // Peer streams never end on their own: close them first, or peers
         // would keep feeding a stopped store through live connections.
         self.raft_service.close();
@@ -172,6 +250,7 @@ impl Node {
 
 impl Drop for Node {
     fn drop(&mut self) {
+        self.map_task.abort();
         let Some(thread) = self.store_thread.take() else {
             return; // already shut down
         };

@@ -1,9 +1,25 @@
-//! The public `LockService`: validates requests, hands commands to the store
-//! loop, and turns outcomes into responses and typed errors.
+//! The public `LockService`: validates requests, routes each to the shard
+//! that serves its resource, and turns outcomes into responses and typed
+//! errors.
+//!
+//! Routing: the resource's slot gives the shard (by this node's newest
+//! placement map). If this node leads that shard, the store serves it here.
+//! Otherwise the request is **forwarded** to the node that does — the
+//! leader named by this node's replica, else the shard's replicas in the map
+//! — at most [`MAX_FORWARD_HOPS`] times, so a client may send any request to
+//! any node. A forwarded request carries [`FORWARDED_HEADER`] and is never
+//! forwarded again; a client that routes by itself sets the same header to
+//! get NOT_LEADER / EPOCH_NOT_MATCH hints instead. Forwarding is safe to
+//! repeat: nothing was proposed where the request was refused, and acquires
+//! are deduplicated by `requestId` wherever they land.
 
 use std::collections::BTreeMap;
+use std::future::Future;
+use std::sync::Arc;
 
+use fencelock_api::v1::lock_service_client::LockServiceClient;
 use fencelock_api::v1::lock_service_server::LockService;
+use fencelock_api::v1::ErrorDetail;
 use fencelock_api::v1::{
     renew_result, AcquireRequest, AcquireResponse, GetRequest, GetResponse, LeaseState,
     ReleaseRequest, ReleaseResponse, RenewBatchRequest, RenewBatchResponse, RenewRequest,
@@ -15,23 +31,42 @@ use fencelock_statemachine::{
     ResourceName,
 };
 use tokio::sync::oneshot;
+use tonic::transport::Channel;
 use tonic::{Request, Response, Status};
 
 use crate::errors::ServerError;
-use crate::shard_map::ShardMap;
+use crate::peers::PeerChannels;
+use crate::router::Router;
 use crate::store::{Responder, StoreMsg, StoreSender};
 
+/// Metadata key marking a request that must be served where it lands (set
+/// on forwarded requests, and by clients that do their own routing).
+pub const FORWARDED_HEADER: &str = "x-fencelock-forwarded";
+/// Nodes one request may be forwarded through: the node the map names,
+/// then the leader that node names.
+pub const MAX_FORWARD_HOPS: usize = 2;
+
 pub struct LockServiceImpl {
+    node_id: u64,
     store: StoreSender,
-    shards: ShardMap,
+    router: Arc<Router>,
+    peers: Arc<PeerChannels>,
     default_lease_ttl_ms: u64,
 }
 
 impl LockServiceImpl {
-    pub fn new(store: StoreSender, shards: ShardMap, default_lease_ttl_ms: u64) -> Self {
+    pub fn new(
+        node_id: u64,
+        store: StoreSender,
+        router: Arc<Router>,
+        peers: Arc<PeerChannels>,
+        default_lease_ttl_ms: u64,
+    ) -> Self {
         LockServiceImpl {
+            node_id,
             store,
-            shards,
+            router,
+            peers,
             default_lease_ttl_ms,
         }
     }
@@ -52,6 +87,266 @@ impl LockServiceImpl {
         })?;
         rx.await.map_err(|_| ServerError::ShuttingDown)?
     }
+
+    /// Where to send a request this node refused with `err`, if anywhere.
+    fn forward_target(&self, err: &ServerError, shard_id: u64) -> Option<String> {
+        match err {
+            ServerError::NotLeader {
+                leader: Some(l), ..
+            } if l.node_id != self.node_id => Some(l.addr.clone()),
+            ServerError::ShardNotHere { .. } => self
+                .router
+                .candidates(shard_id)
+                .into_iter()
+                .filter(|n| *n != self.node_id)
+                .find_map(|n| self.router.node_addr(n)),
+            _ => None,
+        }
+    }
+
+    /// Serves a request for `resource` here, or forwards it. `local` runs it
+    /// on this node's replica of a shard; `remote` sends it to another node.
+    async fn route<T, L, LF, R, RF>(
+        &self,
+        forwarding: bool,
+        resource: &ResourceName,
+        local: L,
+        remote: R,
+    ) -> Result<Response<T>, Status>
+    where
+        L: Fn(u64) -> LF,
+        LF: Future<Output = Result<T, ServerError>>,
+        R: Fn(LockServiceClient<Channel>) -> RF,
+        RF: Future<Output = Result<Response<T>, Status>>,
+    {
+        let mut shard_id = self.router.shard_of(resource)?;
+        let err = loop {
+            match local(shard_id).await {
+                Ok(reply) => return Ok(Response::new(reply)),
+                // This node's map was stale and has caught up since: route
+                // again by the newer map.
+                Err(ServerError::Lock(LockError::WrongShard { .. }))
+                    if self.router.shard_of(resource).ok() != Some(shard_id) =>
+                {
+                    shard_id = self.router.shard_of(resource)?;
+                }
+                Err(e) => break e,
+            }
+        };
+        match self.forward_target(&err, shard_id) {
+            Some(addr) if forwarding => self.forward(addr, remote).await,
+            _ => Err(err.into()),
+        }
+    }
+
+    /// Sends a request on to `addr`, following one more NOT_LEADER hint.
+    async fn forward<T, R, RF>(&self, mut addr: String, remote: R) -> Result<Response<T>, Status>
+    where
+        R: Fn(LockServiceClient<Channel>) -> RF,
+        RF: Future<Output = Result<Response<T>, Status>>,
+    {
+        let mut hops = 0;
+        loop {
+            hops += 1;
+            let channel = self.peers.channel(&addr)?;
+            match remote(LockServiceClient::new(channel)).await {
+                Err(status) if hops < MAX_FORWARD_HOPS => {
+                    let next = ErrorDetail::from_status(&status)
+                        .and_then(|d| d.leader)
+                        .map(|l| l.address)
+                        .filter(|a| !a.is_empty() && *a != addr);
+                    match next {
+                        Some(next) => addr = next,
+                        None => return Err(status),
+                    }
+                }
+                other => return other,
+            }
+        }
+    }
+
+    async fn acquire_local(
+        &self,
+        shard_id: u64,
+        resource: ResourceName,
+        request_id: RequestId,
+        lease_ttl_ms: u64,
+        wait_timeout_ms: u64,
+    ) -> Result<AcquireResponse, ServerError> {
+        let (tx, rx) = oneshot::channel();
+        self.send(StoreMsg::Propose {
+            shard_id,
+            command: Command::Acquire {
+                resource: resource.clone(),
+                request_id,
+                lease_id: random_lease_id(),
+                lease_ttl_ms,
+                wait_timeout_ms,
+            },
+            responder: Responder::Acquire { resource, tx },
+        })?;
+        // If this future is dropped (client went away), the store sees the
+        // closed channel and removes the waiter through Raft.
+        let reply = rx.await.map_err(|_| ServerError::ShuttingDown)??;
+        let (token, expires_at_ms, ttl, state) = match reply.status {
+            AcquireStatus::Held {
+                token,
+                expires_at_ms,
+                lease_ttl_ms,
+            } => (token, expires_at_ms, lease_ttl_ms, LeaseState::Held),
+            AcquireStatus::Ended { token, ended } => (
+                token,
+                0,
+                lease_ttl_ms,
+                match ended {
+                    LeaseEnd::Released => LeaseState::Released,
+                    LeaseEnd::Expired => LeaseState::Expired,
+                    LeaseEnd::Cancelled => LeaseState::Cancelled,
+                },
+            ),
+            // The store answers waits that ended as errors (finish_acquire).
+            AcquireStatus::Queued { .. } | AcquireStatus::WaitEnded(_) => {
+                return Err(ServerError::Internal(
+                    "acquire answered before it ended".into(),
+                ))
+            }
+        };
+        Ok(AcquireResponse {
+            lease_id: reply.lease_id.0.to_vec(),
+            fencing_token: token.as_i64(),
+            expires_at_ms,
+            lease_ttl_ms: ttl,
+            deduplicated: reply.deduplicated,
+            lease_state: state as i32,
+            shard_id,
+            epoch: token.epoch(),
+        })
+    }
+
+    async fn get_local(
+        &self,
+        shard_id: u64,
+        resource: ResourceName,
+    ) -> Result<GetResponse, ServerError> {
+        let (tx, rx) = oneshot::channel();
+        self.send(StoreMsg::Read {
+            shard_id,
+            resource,
+            tx,
+        })?;
+        let read = rx.await.map_err(|_| ServerError::ShuttingDown)??;
+        let now_ms = crate::store::wall_ms();
+        Ok(match read.view {
+            Some(v) => GetResponse {
+                // A lease past its expiry that no command has retired yet is
+                // reported as not held: it can no longer be renewed.
+                held: v.expires_at_ms > now_ms,
+                fencing_token: v.token.as_i64(),
+                expires_at_ms: v.expires_at_ms,
+                queue_length: v.queue_len,
+                last_token: v.token.as_i64(),
+                shard_id,
+                epoch: read.epoch,
+            },
+            None => GetResponse {
+                shard_id,
+                epoch: read.epoch,
+                ..Default::default()
+            },
+        })
+    }
+
+    /// Renews one shard's share of a batch here, or forwards that share.
+    async fn renew_group(
+        &self,
+        forwarding: bool,
+        shard_id: u64,
+        items: Vec<RenewItem>,
+    ) -> Vec<renew_result::Outcome> {
+        use renew_result::Outcome;
+        let n = items.len();
+        let wire_items: Vec<fencelock_api::v1::RenewRequest> = items
+            .iter()
+            .map(|i| fencelock_api::v1::RenewRequest {
+                resource: i.resource.as_str().to_owned(),
+                lease_id: i.lease_id.0.to_vec(),
+                lease_ttl_ms: i.lease_ttl_ms,
+            })
+            .collect();
+        let err = match self.propose(shard_id, Command::RenewBatch { items }).await {
+            Ok(Reply::RenewedBatch(each)) => {
+                return each
+                    .into_iter()
+                    .map(|r| match r {
+                        Ok(ok) => Outcome::Renewed(renewed(ok)),
+                        Err(e) => Outcome::Error(with_shard(ServerError::Lock(e), shard_id)),
+                    })
+                    .collect()
+            }
+            Ok(other) => ServerError::Internal(format!("unexpected reply {other:?}")),
+            Err(e) => e,
+        };
+        let target = self.forward_target(&err, shard_id).filter(|_| forwarding);
+        let Some(addr) = target else {
+            return vec![Outcome::Error(with_shard(err, shard_id)); n];
+        };
+        let result = self
+            .forward(addr, |mut client| {
+                let items = wire_items.clone();
+                async move {
+                    client
+                        .renew_batch(forwarded(RenewBatchRequest { items }))
+                        .await
+                }
+            })
+            .await;
+        match result {
+            Ok(resp) => {
+                let results = resp.into_inner().results;
+                if results.len() != n {
+                    let e = ServerError::Internal("forwarded batch answered short".into());
+                    return vec![Outcome::Error(e.to_detail()); n];
+                }
+                results
+                    .into_iter()
+                    .map(|r| {
+                        r.outcome.unwrap_or_else(|| {
+                            Outcome::Error(ServerError::Internal("empty result".into()).to_detail())
+                        })
+                    })
+                    .collect()
+            }
+            Err(status) => {
+                let detail = ErrorDetail::from_status(&status).unwrap_or_else(|| {
+                    ServerError::Internal(status.message().to_owned()).to_detail()
+                });
+                vec![Outcome::Error(detail); n]
+            }
+        }
+    }
+}
+
+fn with_shard(e: ServerError, shard_id: u64) -> ErrorDetail {
+    let detail = e.to_detail();
+    if detail.shard_id == 0 {
+        ErrorDetail { shard_id, ..detail }
+    } else {
+        detail
+    }
+}
+
+/// Marks a request as forwarded: the receiver serves it or refuses it.
+fn forwarded<T>(message: T) -> Request<T> {
+    let mut request = Request::new(message);
+    request.metadata_mut().insert(
+        FORWARDED_HEADER,
+        tonic::metadata::MetadataValue::from_static("1"),
+    );
+    request
+}
+
+fn may_forward<T>(request: &Request<T>) -> bool {
+    !request.metadata().contains_key(FORWARDED_HEADER)
 }
 
 fn resource(name: &str) -> Result<ResourceName, ServerError> {
@@ -82,91 +377,72 @@ impl LockService for LockServiceImpl {
         &self,
         request: Request<AcquireRequest>,
     ) -> Result<Response<AcquireResponse>, Status> {
+        let forwarding = may_forward(&request);
         let req = request.into_inner();
         let resource = resource(&req.resource)?;
-        let request_id = RequestId::new(req.request_id).map_err(ServerError::Lock)?;
+        let request_id = RequestId::new(req.request_id.clone()).map_err(ServerError::Lock)?;
         let lease_ttl_ms = if req.lease_ttl_ms == 0 {
             self.default_lease_ttl_ms
         } else {
             req.lease_ttl_ms
         };
-        let shard_id = self.shards.shard_of(&resource);
-        let (tx, rx) = oneshot::channel();
-        self.send(StoreMsg::Propose {
-            shard_id,
-            command: Command::Acquire {
-                resource: resource.clone(),
-                request_id,
-                lease_id: random_lease_id(),
-                lease_ttl_ms,
-                wait_timeout_ms: req.wait_timeout_ms,
+        self.route(
+            forwarding,
+            &resource,
+            |shard_id| {
+                self.acquire_local(
+                    shard_id,
+                    resource.clone(),
+                    request_id.clone(),
+                    lease_ttl_ms,
+                    req.wait_timeout_ms,
+                )
             },
-            responder: Responder::Acquire { resource, tx },
-        })?;
-        // If this future is dropped (client went away), the store sees the
-        // closed channel and removes the waiter through Raft.
-        let reply = rx.await.map_err(|_| ServerError::ShuttingDown)??;
-        let (token, expires_at_ms, ttl, state) = match reply.status {
-            AcquireStatus::Held {
-                token,
-                expires_at_ms,
-                lease_ttl_ms,
-            } => (token, expires_at_ms, lease_ttl_ms, LeaseState::Held),
-            AcquireStatus::Ended { token, ended } => (
-                token,
-                0,
-                lease_ttl_ms,
-                match ended {
-                    LeaseEnd::Released => LeaseState::Released,
-                    LeaseEnd::Expired => LeaseState::Expired,
-                    LeaseEnd::Cancelled => LeaseState::Cancelled,
-                },
-            ),
-            // The store answers waits that ended as errors (finish_acquire).
-            AcquireStatus::Queued { .. } | AcquireStatus::WaitEnded(_) => {
-                return Err(ServerError::Internal("acquire answered before it ended".into()).into())
-            }
-        };
-        Ok(Response::new(AcquireResponse {
-            lease_id: reply.lease_id.0.to_vec(),
-            fencing_token: token.as_i64(),
-            expires_at_ms,
-            lease_ttl_ms: ttl,
-            deduplicated: reply.deduplicated,
-            lease_state: state as i32,
-            shard_id,
-            epoch: token.epoch(),
-        }))
+            |mut client| {
+                let req = req.clone();
+                async move { client.acquire(forwarded(req)).await }
+            },
+        )
+        .await
     }
 
     async fn renew(
         &self,
         request: Request<RenewRequest>,
     ) -> Result<Response<RenewResponse>, Status> {
+        let forwarding = may_forward(&request);
         let req = request.into_inner();
         let resource = resource(&req.resource)?;
         let lease_id = lease_id(&req.lease_id)?;
-        let shard_id = self.shards.shard_of(&resource);
-        match self
-            .propose(
-                shard_id,
-                Command::Renew {
-                    resource,
+        self.route(
+            forwarding,
+            &resource,
+            |shard_id| {
+                let command = Command::Renew {
+                    resource: resource.clone(),
                     lease_id,
                     lease_ttl_ms: req.lease_ttl_ms,
-                },
-            )
-            .await?
-        {
-            Reply::Renewed(r) => Ok(Response::new(renewed(r))),
-            other => Err(ServerError::Internal(format!("unexpected reply {other:?}")).into()),
-        }
+                };
+                async move {
+                    match self.propose(shard_id, command).await? {
+                        Reply::Renewed(r) => Ok(renewed(r)),
+                        other => Err(ServerError::Internal(format!("unexpected reply {other:?}"))),
+                    }
+                }
+            },
+            |mut client| {
+                let req = req.clone();
+                async move { client.renew(forwarded(req)).await }
+            },
+        )
+        .await
     }
 
     async fn renew_batch(
         &self,
         request: Request<RenewBatchRequest>,
     ) -> Result<Response<RenewBatchResponse>, Status> {
+        let forwarding = may_forward(&request);
         let items = request.into_inner().items;
         if items.len() > MAX_RENEW_BATCH {
             return Err(ServerError::Lock(LockError::BatchTooLarge {
@@ -177,73 +453,43 @@ impl LockService for LockServiceImpl {
         }
         // Invalid items fail alone; valid ones go to their shard as one
         // RenewBatch command per shard.
-        let mut results: Vec<Option<Result<RenewResponse, ServerError>>> =
+        let mut results: Vec<Option<renew_result::Outcome>> =
             (0..items.len()).map(|_| None).collect();
         let mut per_shard: BTreeMap<u64, Vec<(usize, RenewItem)>> = BTreeMap::new();
         for (i, item) in items.into_iter().enumerate() {
-            let parsed = resource(&item.resource).and_then(|r| Ok((r, lease_id(&item.lease_id)?)));
+            let parsed = resource(&item.resource)
+                .and_then(|r| Ok((self.router.shard_of(&r)?, r, lease_id(&item.lease_id)?)));
             match parsed {
-                Ok((resource, lease_id)) => per_shard
-                    .entry(self.shards.shard_of(&resource))
-                    .or_default()
-                    .push((
+                Ok((shard_id, resource, lease_id)) => {
+                    per_shard.entry(shard_id).or_default().push((
                         i,
                         RenewItem {
                             resource,
                             lease_id,
                             lease_ttl_ms: item.lease_ttl_ms,
                         },
-                    )),
-                Err(e) => results[i] = Some(Err(e)),
+                    ))
+                }
+                Err(e) => results[i] = Some(renew_result::Outcome::Error(e.to_detail())),
             }
         }
-        // Send to every shard first, then collect: the shards work in parallel.
-        let mut calls = Vec::new();
-        for (shard_id, batch) in per_shard {
+        // The shards work in parallel.
+        let groups = per_shard.into_iter().map(|(shard_id, batch)| {
             let (positions, items): (Vec<usize>, Vec<RenewItem>) = batch.into_iter().unzip();
-            let (tx, rx) = oneshot::channel();
-            let sent = self.send(StoreMsg::Propose {
-                shard_id,
-                command: Command::RenewBatch { items },
-                responder: Responder::Reply(tx),
-            });
-            calls.push((positions, sent.map(|()| rx)));
-        }
-        for (positions, call) in calls {
-            let outcome = match call {
-                Ok(rx) => rx.await.unwrap_or(Err(ServerError::ShuttingDown)),
-                Err(e) => Err(e),
-            };
-            match outcome {
-                Ok(Reply::RenewedBatch(each)) => {
-                    for (pos, r) in positions.into_iter().zip(each) {
-                        results[pos] = Some(r.map(renewed).map_err(ServerError::Lock));
-                    }
-                }
-                Ok(other) => {
-                    for pos in positions {
-                        results[pos] = Some(Err(ServerError::Internal(format!(
-                            "unexpected reply {other:?}"
-                        ))));
-                    }
-                }
-                Err(e) => {
-                    for pos in positions {
-                        results[pos] = Some(Err(e.clone()));
-                    }
-                }
+            async move {
+                let outcomes = self.renew_group(forwarding, shard_id, items).await;
+                (positions, outcomes)
+            }
+        });
+        for (positions, outcomes) in crate::ops::join_all(groups).await {
+            for (pos, r) in positions.into_iter().zip(outcomes) {
+                results[pos] = Some(r);
             }
         }
         let results = results
             .into_iter()
-            .map(|r| {
-                let outcome = match r.expect("every item answered") {
-                    Ok(ok) => renew_result::Outcome::Renewed(ok),
-                    Err(e) => renew_result::Outcome::Error(e.to_detail()),
-                };
-                RenewResult {
-                    outcome: Some(outcome),
-                }
+            .map(|r| RenewResult {
+                outcome: Some(r.expect("every item answered")),
             })
             .collect();
         Ok(Response::new(RenewBatchResponse { results }))
@@ -253,49 +499,46 @@ impl LockService for LockServiceImpl {
         &self,
         request: Request<ReleaseRequest>,
     ) -> Result<Response<ReleaseResponse>, Status> {
+        let forwarding = may_forward(&request);
         let req = request.into_inner();
         let resource = resource(&req.resource)?;
         let lease_id = lease_id(&req.lease_id)?;
-        let shard_id = self.shards.shard_of(&resource);
-        match self
-            .propose(shard_id, Command::Release { resource, lease_id })
-            .await?
-        {
-            Reply::Released { released } => Ok(Response::new(ReleaseResponse { released })),
-            other => Err(ServerError::Internal(format!("unexpected reply {other:?}")).into()),
-        }
+        self.route(
+            forwarding,
+            &resource,
+            |shard_id| {
+                let command = Command::Release {
+                    resource: resource.clone(),
+                    lease_id,
+                };
+                async move {
+                    match self.propose(shard_id, command).await? {
+                        Reply::Released { released } => Ok(ReleaseResponse { released }),
+                        other => Err(ServerError::Internal(format!("unexpected reply {other:?}"))),
+                    }
+                }
+            },
+            |mut client| {
+                let req = req.clone();
+                async move { client.release(forwarded(req)).await }
+            },
+        )
+        .await
     }
 
     async fn get(&self, request: Request<GetRequest>) -> Result<Response<GetResponse>, Status> {
+        let forwarding = may_forward(&request);
         let req = request.into_inner();
         let resource = resource(&req.resource)?;
-        let shard_id = self.shards.shard_of(&resource);
-        let (tx, rx) = oneshot::channel();
-        self.send(StoreMsg::Read {
-            shard_id,
-            resource,
-            tx,
-        })?;
-        let read = rx.await.map_err(|_| ServerError::ShuttingDown)??;
-        let now_ms = crate::store::wall_ms();
-        let response = match read.view {
-            Some(v) => GetResponse {
-                // A lease past its expiry that no command has retired yet is
-                // reported as not held: it can no longer be renewed.
-                held: v.expires_at_ms > now_ms,
-                fencing_token: v.token.as_i64(),
-                expires_at_ms: v.expires_at_ms,
-                queue_length: v.queue_len,
-                last_token: v.token.as_i64(),
-                shard_id,
-                epoch: read.epoch,
+        self.route(
+            forwarding,
+            &resource,
+            |shard_id| self.get_local(shard_id, resource.clone()),
+            |mut client| {
+                let req = req.clone();
+                async move { client.get(forwarded(req)).await }
             },
-            None => GetResponse {
-                shard_id,
-                epoch: read.epoch,
-                ..Default::default()
-            },
-        };
-        Ok(Response::new(response))
+        )
+        .await
     }
 }

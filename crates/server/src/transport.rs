@@ -145,8 +145,10 @@ pub struct Transport {
     self_id: u64,
     rules: Arc<NetworkRules>,
     runtime: Handle,
-    /// The queue of each known peer, drained by that peer's task.
-    queues: BTreeMap<u64, mpsc::Sender<Envelope>>,
+    /// The queue of each known peer, drained by that peer's task. Grows
+    /// when the placement map learns a new node ([`Transport::add_peer`]).
+    queues: std::sync::RwLock<BTreeMap<u64, mpsc::Sender<Envelope>>>,
+    queue_depth: usize,
     /// The peer tasks, aborted on shutdown.
     tasks: Mutex<Vec<JoinHandle<()>>>,
     shared: Arc<Shared>,
@@ -156,7 +158,14 @@ impl fmt::Debug for Transport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Transport")
             .field("self_id", &self.self_id)
-            .field("peers", &self.queues.keys().collect::<Vec<_>>())
+            .field(
+                "peers",
+                &self
+                    .queues
+                    .read()
+                    .map(|q| q.keys().copied().collect::<Vec<_>>())
+                    .unwrap_or_default(),
+            )
             .field("shared", &self.shared)
             .finish_non_exhaustive()
     }
@@ -180,44 +189,58 @@ impl Transport {
         runtime: Handle,
     ) -> Transport {
         assert!(queue_depth > 0, "peer queue depth must be positive");
-        let shared = Arc::new(Shared::default());
-        let mut queues = BTreeMap::new();
-        let mut tasks = Vec::new();
-        for (peer_id, address) in peers {
-            if peer_id == self_id {
-                continue;
-            }
-            let endpoint = match peer_endpoint(&address) {
-                Ok(endpoint) => endpoint,
-                Err(error) => {
-                    tracing::error!(
-                        peer_id,
-                        %address,
-                        %error,
-                        "invalid peer address; messages to it are dropped"
-                    );
-                    continue;
-                }
-            };
-            let (queue_tx, queue_rx) = mpsc::channel(queue_depth);
-            let link = PeerLink {
-                self_id,
-                peer_id,
-                endpoint,
-                queue: queue_rx,
-                shared: shared.clone(),
-            };
-            tasks.push(runtime.spawn(link.run()));
-            queues.insert(peer_id, queue_tx);
-        }
-        Transport {
+        let transport = Transport {
             self_id,
             rules,
             runtime,
-            queues,
-            tasks: Mutex::new(tasks),
-            shared,
+            queues: std::sync::RwLock::new(BTreeMap::new()),
+            queue_depth,
+            tasks: Mutex::new(Vec::new()),
+            shared: Arc::new(Shared::default()),
+        };
+        for (peer_id, address) in peers {
+            transport.add_peer(peer_id, &address);
         }
+        transport
+    }
+
+    /// Starts a sending task for `peer_id` at `address` unless the peer is
+    /// known already (or is this node). An invalid address is logged and
+    /// the peer stays unknown: messages to it are dropped and counted.
+    pub fn add_peer(&self, peer_id: u64, address: &str) {
+        if peer_id == self.self_id {
+            return;
+        }
+        let mut queues = self.queues.write().unwrap_or_else(|p| p.into_inner());
+        if queues.contains_key(&peer_id) {
+            return;
+        }
+        let endpoint = match peer_endpoint(address) {
+            Ok(endpoint) => endpoint,
+            Err(error) => {
+                tracing::error!(
+                    peer_id,
+                    %address,
+                    %error,
+                    "invalid peer address; messages to it are dropped"
+                );
+                return;
+            }
+        };
+        let (queue_tx, queue_rx) = mpsc::channel(self.queue_depth);
+        let link = PeerLink {
+            self_id: self.self_id,
+            peer_id,
+            endpoint,
+            queue: queue_rx,
+            shared: self.shared.clone(),
+        };
+        let task = self.runtime.spawn(link.run());
+        self.tasks
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(task);
+        queues.insert(peer_id, queue_tx);
     }
 
     /// Queues `msgs` for node `to`. Never blocks and never fails: messages
@@ -228,7 +251,8 @@ impl Transport {
         if msgs.is_empty() {
             return;
         }
-        let queue = match self.queues.get(&to) {
+        let queue = self.queues.read().ok().and_then(|q| q.get(&to).cloned());
+        let queue = match queue {
             Some(queue) if !self.shared.stopped.load(Ordering::Acquire) => queue,
             _ => {
                 self.shared.count_dropped(msgs.len());

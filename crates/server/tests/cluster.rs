@@ -7,7 +7,6 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use fencelock_api::v1::Reason;
-use fencelock_server::shard_map::ShardMap;
 use fencelock_server::store::MembershipChange;
 use fencelock_statemachine::ResourceName;
 
@@ -42,8 +41,21 @@ async fn wait_caught_up_by_snapshot(cluster: &Cluster, node: u64, reference: u64
 }
 
 fn shard_of(cluster: &Cluster, resource: &str) -> u64 {
-    let n = cluster.configs.values().next().unwrap().shard_count;
-    ShardMap::new(n).shard_of(&ResourceName::parse(resource).unwrap())
+    let node = cluster.nodes.values().next().unwrap();
+    node.router()
+        .shard_of(&ResourceName::parse(resource).unwrap())
+        .unwrap()
+}
+
+/// A request that must be answered where it lands (what a client that does
+/// its own routing sends): no forwarding.
+fn direct<T>(message: T) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(message);
+    request.metadata_mut().insert(
+        fencelock_server::service::FORWARDED_HEADER,
+        tonic::metadata::MetadataValue::from_static("1"),
+    );
+    request
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -399,7 +411,8 @@ async fn a_waiting_caller_that_disconnects_leaves_the_queue() {
 /// Applies a replica change to every shard, through each shard's leader.
 async fn change_everywhere(cluster: &Cluster, change: MembershipChange, node_id: u64) {
     let shards = cluster.configs.values().next().unwrap().shard_count as u64;
-    for shard_id in 1..=shards {
+    // Every shard the node holds, the meta shard (0) included.
+    for shard_id in 0..=shards {
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
             let result = match cluster.leader_of(shard_id) {
@@ -474,16 +487,23 @@ async fn wiped_follower_is_replaced_and_catches_up_by_snapshot() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn restarting_with_another_shard_count_is_refused() {
+async fn shard_count_only_matters_at_bootstrap() {
     let mut cluster = Cluster::start(1, |_| {}).await;
+    let r = "acme/bootstrap-count";
+    let held = acquire(&cluster, 1, acquire_req(r, "b", 60_000, 0))
+        .await
+        .unwrap();
     cluster.crash(1).await;
+    // The placement map decides after bootstrap: a changed shard_count in
+    // the file moves nothing, and the lock is where it was.
     let mut config = cluster.configs[&1].clone();
     config.shard_count += 1;
-    let err = fencelock_server::node::Node::start(config)
-        .await
-        .err()
-        .expect("refused");
-    assert!(err.to_string().contains("shard_count"), "{err}");
+    cluster.configs.insert(1, config);
+    cluster.restart(1).await;
+    let read = get(&cluster, 1, r).await.unwrap();
+    assert!(read.held);
+    assert_eq!(read.fencing_token, held.fencing_token);
+    assert_eq!(read.shard_id, held.shard_id);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -552,14 +572,22 @@ async fn batch_renew_answers_each_lease_on_its_own() {
 async fn a_follower_never_answers_reads_or_writes_itself() {
     let cluster = Cluster::start(3, |_| {}).await;
     let r = "acme/follower-read";
-    acquire(&cluster, 1, acquire_req(r, "f", 60_000, 0))
+    let held = acquire(&cluster, 1, acquire_req(r, "f", 60_000, 0))
         .await
         .unwrap();
     let leader = cluster.leader_of(shard_of(&cluster, r)).unwrap();
     let follower = (1..=3).find(|id| *id != leader).unwrap();
     let mut c = cluster.client(follower).await;
-    let status = c
+    // Sent plainly, the follower forwards to the leader, which answers.
+    let read = c
         .get(fencelock_api::v1::GetRequest { resource: r.into() })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(read.fencing_token, held.fencing_token);
+    // Sent direct (a client routing by itself), it refuses with a hint.
+    let status = c
+        .get(direct(fencelock_api::v1::GetRequest { resource: r.into() }))
         .await
         .unwrap_err();
     let detail = fencelock_api::v1::ErrorDetail::from_status(&status).unwrap();
@@ -574,9 +602,16 @@ async fn a_follower_never_answers_reads_or_writes_itself() {
         "the hint names the leader"
     );
     let status = c
-        .acquire(acquire_req("acme/follower-read", "g", 60_000, 0))
+        .acquire(direct(acquire_req("acme/follower-read", "g", 60_000, 0)))
         .await
         .unwrap_err();
     let detail = fencelock_api::v1::ErrorDetail::from_status(&status).unwrap();
     assert_eq!(detail.reason(), Reason::NotLeader);
+    // Forwarded, the same acquire reaches the leader and meets the holder.
+    let status = c
+        .acquire(acquire_req("acme/follower-read", "g", 60_000, 0))
+        .await
+        .unwrap_err();
+    let detail = fencelock_api::v1::ErrorDetail::from_status(&status).unwrap();
+    assert_eq!(detail.reason(), Reason::LockHeld);
 }

@@ -9,13 +9,21 @@
 use std::collections::VecDeque;
 
 use crate::limits::Limits;
-use crate::machine::{DedupEntry, DedupKey, DedupState, Holder, LockTable, Record, Waiter};
+use crate::machine::{
+    DedupEntry, DedupKey, DedupState, Holder, LockTable, PendingExport, Record, Waiter,
+};
 use crate::name::ResourceName;
+use crate::slots::{SlotSet, SLOT_COUNT};
 use crate::token::FencingToken;
 use crate::types::*;
 
 const SNAPSHOT_MAGIC: &[u8; 4] = b"FLSM";
-const SNAPSHOT_VERSION: u16 = 1;
+const SNAPSHOT_VERSION: u16 = 2;
+const EXPORT_MAGIC: &[u8; 4] = b"FLMX";
+const EXPORT_VERSION: u16 = 1;
+const RECORD_MIN_BYTES: usize = 4 + 16 + 4 + 40 + 4;
+const DEDUP_MIN_BYTES: usize = 4 + 4 + 16 + 8 + 1;
+const SLOT_WORDS_BYTES: usize = 8 * (SLOT_COUNT as usize / 64);
 const COMMAND_VERSION: u8 = 1;
 
 /// Why bytes could not be decoded.
@@ -136,6 +144,9 @@ const CMD_RELEASE: u8 = 4;
 const CMD_CANCEL: u8 = 5;
 const CMD_TICK: u8 = 6;
 const CMD_LEADER_CHANGED: u8 = 7;
+const CMD_EXPORT_SLOTS: u8 = 8;
+const CMD_IMPORT_SLOTS: u8 = 9;
+const CMD_DROP_EXPORT: u8 = 10;
 
 impl Command {
     /// Encodes the command as a Raft entry payload.
@@ -200,6 +211,36 @@ impl Command {
                 w.u8(CMD_LEADER_CHANGED);
                 w.u64(*clock_offset_allowance_ms);
             }
+            Command::ExportSlots {
+                migration_id,
+                slots,
+            } => {
+                w.u8(CMD_EXPORT_SLOTS);
+                w.u64(*migration_id);
+                for word in slots.words() {
+                    w.u64(*word);
+                }
+            }
+            Command::ImportSlots {
+                migration_id,
+                epoch,
+                slots,
+                data,
+                clock_offset_allowance_ms,
+            } => {
+                w.u8(CMD_IMPORT_SLOTS);
+                w.u64(*migration_id);
+                w.u64(*epoch);
+                for word in slots.words() {
+                    w.u64(*word);
+                }
+                w.bytes(data);
+                w.u64(*clock_offset_allowance_ms);
+            }
+            Command::DropExport { migration_id } => {
+                w.u8(CMD_DROP_EXPORT);
+                w.u64(*migration_id);
+            }
         }
         *out = w.0;
     }
@@ -247,6 +288,20 @@ impl Command {
             CMD_TICK => Command::Tick,
             CMD_LEADER_CHANGED => Command::LeaderChanged {
                 clock_offset_allowance_ms: r.u64()?,
+            },
+            CMD_EXPORT_SLOTS => Command::ExportSlots {
+                migration_id: r.u64()?,
+                slots: read_slots(&mut r)?,
+            },
+            CMD_IMPORT_SLOTS => Command::ImportSlots {
+                migration_id: r.u64()?,
+                epoch: r.u64()?,
+                slots: read_slots(&mut r)?,
+                data: r.bytes()?.to_vec(),
+                clock_offset_allowance_ms: r.u64()?,
+            },
+            CMD_DROP_EXPORT => Command::DropExport {
+                migration_id: r.u64()?,
             },
             tag => {
                 return Err(DecodeError::BadTag {
@@ -354,55 +409,24 @@ impl LockTable {
         w.u64(self.clock_ms);
         w.u32(self.records.len() as u32);
         for (name, record) in &self.records {
-            let h = &record.holder;
-            w.name(name);
-            w.lease(&h.lease_id);
-            w.bytes(h.request_id.as_bytes());
-            w.u64(h.token.as_u64());
-            w.u64(h.granted_at_ms);
-            w.u64(h.lease_ttl_ms);
-            w.u64(h.stamped_expires_at_ms);
-            w.u64(h.expires_at_ms);
-            w.u32(record.waiters.len() as u32);
-            for waiter in &record.waiters {
-                w.lease(&waiter.lease_id);
-                w.bytes(waiter.request_id.as_bytes());
-                w.u64(waiter.lease_ttl_ms);
-                w.u64(waiter.enqueued_at_ms);
-                w.u64(waiter.wait_deadline_ms);
-            }
+            write_record(&mut w, name, record);
         }
         w.u32(self.dedup.len() as u32);
         for (key, entry) in &self.dedup {
-            w.name(&key.resource);
-            w.bytes(key.request_id.as_bytes());
-            w.lease(&entry.lease_id);
-            w.u64(entry.lease_ttl_ms);
-            match entry.state {
-                DedupState::Waiting => w.u8(1),
-                DedupState::Held { token } => {
-                    w.u8(2);
-                    w.u64(token.as_u64());
-                }
-                DedupState::Ended {
-                    token,
-                    ended,
-                    forget_at_ms,
-                } => {
-                    w.u8(3);
-                    w.u64(token.as_u64());
-                    w.u8(lease_end_tag(ended));
-                    w.u64(forget_at_ms);
-                }
-                DedupState::WaitEnded {
-                    ended,
-                    forget_at_ms,
-                } => {
-                    w.u8(4);
-                    w.u8(wait_end_tag(ended));
-                    w.u64(forget_at_ms);
-                }
+            write_dedup(&mut w, key, entry);
+        }
+        for word in self.owned.words() {
+            w.u64(*word);
+        }
+        w.u64(self.last_imported_migration);
+        w.u32(self.exports.len() as u32);
+        for (id, export) in &self.exports {
+            w.u64(*id);
+            for word in export.slots.words() {
+                w.u64(*word);
             }
+            w.u32(export.resources);
+            w.bytes(&export.data);
         }
         w.0
     }
@@ -427,91 +451,216 @@ impl LockTable {
         table.leader_term = r.u64()?;
         table.applied_index = r.u64()?;
         table.clock_ms = r.u64()?;
-        let records = r.count(4 + 16 + 4 + 40 + 4)?;
+        let records = r.count(RECORD_MIN_BYTES)?;
         for _ in 0..records {
-            let name = r.name()?;
-            let holder = Holder {
-                lease_id: r.lease()?,
-                request_id: r.request_id()?,
-                token: FencingToken::from_u64(r.u64()?),
-                granted_at_ms: r.u64()?,
-                lease_ttl_ms: r.u64()?,
-                stamped_expires_at_ms: r.u64()?,
-                expires_at_ms: r.u64()?,
-            };
-            let n = r.count(16 + 4 + 24)?;
-            let mut waiters = VecDeque::with_capacity(n);
-            for _ in 0..n {
-                let waiter = Waiter {
-                    lease_id: r.lease()?,
-                    request_id: r.request_id()?,
-                    lease_ttl_ms: r.u64()?,
-                    enqueued_at_ms: r.u64()?,
-                    wait_deadline_ms: r.u64()?,
-                };
-                table
-                    .wait_index
-                    .insert((waiter.wait_deadline_ms, name.clone(), waiter.lease_id));
-                *table
-                    .tenant_waiters
-                    .entry(name.tenant().to_owned())
-                    .or_default() += 1;
-                waiters.push_back(waiter);
-            }
-            table
-                .expiry_index
-                .insert((holder.expires_at_ms, name.clone()));
-            if table
-                .records
-                .insert(name, Record { holder, waiters })
-                .is_some()
-            {
+            let (name, record) = read_record(&mut r)?;
+            if !table.insert_record_indexed(name, record) {
                 return Err(DecodeError::Invalid("resource listed twice".into()));
             }
         }
-        let entries = r.count(4 + 4 + 16 + 8 + 1)?;
+        let entries = r.count(DEDUP_MIN_BYTES)?;
         for _ in 0..entries {
-            let key = DedupKey {
-                resource: r.name()?,
-                request_id: r.request_id()?,
-            };
-            let lease_id = r.lease()?;
-            let lease_ttl_ms = r.u64()?;
-            let state = match r.u8()? {
-                1 => DedupState::Waiting,
-                2 => DedupState::Held {
-                    token: FencingToken::from_u64(r.u64()?),
-                },
-                3 => DedupState::Ended {
-                    token: FencingToken::from_u64(r.u64()?),
-                    ended: lease_end_from(r.u8()?)?,
-                    forget_at_ms: r.u64()?,
-                },
-                4 => DedupState::WaitEnded {
-                    ended: wait_end_from(r.u8()?)?,
-                    forget_at_ms: r.u64()?,
-                },
-                tag => {
-                    return Err(DecodeError::BadTag {
-                        what: "dedup state",
-                        tag,
-                    })
-                }
-            };
-            if let Some(at) = state.forget_at_ms() {
-                table.forget_index.insert((at, key.clone()));
-            }
-            let entry = DedupEntry {
-                lease_id,
-                lease_ttl_ms,
-                state,
-            };
-            if table.dedup.insert(key, entry).is_some() {
+            let (key, entry) = read_dedup(&mut r)?;
+            if !table.insert_dedup_indexed(key, entry) {
                 return Err(DecodeError::Invalid("dedup entry listed twice".into()));
+            }
+        }
+        table.owned = read_slots(&mut r)?;
+        table.last_imported_migration = r.u64()?;
+        let exports = r.count(8 + SLOT_WORDS_BYTES + 4 + 4)?;
+        for _ in 0..exports {
+            let id = r.u64()?;
+            let slots = read_slots(&mut r)?;
+            let resources = r.u32()?;
+            let data = r.bytes()?.to_vec();
+            let export = PendingExport {
+                slots,
+                data,
+                resources,
+            };
+            if table.exports.insert(id, export).is_some() {
+                return Err(DecodeError::Invalid("export listed twice".into()));
             }
         }
         r.finish()?;
         table.check_invariants().map_err(DecodeError::Invalid)?;
         Ok(table)
     }
+}
+
+// ----- pieces shared by snapshots and migration exports -----
+
+fn write_record(w: &mut Writer, name: &ResourceName, record: &Record) {
+    let h = &record.holder;
+    w.name(name);
+    w.lease(&h.lease_id);
+    w.bytes(h.request_id.as_bytes());
+    w.u64(h.token.as_u64());
+    w.u64(h.granted_at_ms);
+    w.u64(h.lease_ttl_ms);
+    w.u64(h.stamped_expires_at_ms);
+    w.u64(h.expires_at_ms);
+    w.u32(record.waiters.len() as u32);
+    for waiter in &record.waiters {
+        w.lease(&waiter.lease_id);
+        w.bytes(waiter.request_id.as_bytes());
+        w.u64(waiter.lease_ttl_ms);
+        w.u64(waiter.enqueued_at_ms);
+        w.u64(waiter.wait_deadline_ms);
+    }
+}
+
+fn read_record(r: &mut Reader) -> Result<(ResourceName, Record), DecodeError> {
+    let name = r.name()?;
+    let holder = Holder {
+        lease_id: r.lease()?,
+        request_id: r.request_id()?,
+        token: FencingToken::from_u64(r.u64()?),
+        granted_at_ms: r.u64()?,
+        lease_ttl_ms: r.u64()?,
+        stamped_expires_at_ms: r.u64()?,
+        expires_at_ms: r.u64()?,
+    };
+    let n = r.count(16 + 4 + 24)?;
+    let mut waiters = VecDeque::with_capacity(n);
+    for _ in 0..n {
+        waiters.push_back(Waiter {
+            lease_id: r.lease()?,
+            request_id: r.request_id()?,
+            lease_ttl_ms: r.u64()?,
+            enqueued_at_ms: r.u64()?,
+            wait_deadline_ms: r.u64()?,
+        });
+    }
+    Ok((name, Record { holder, waiters }))
+}
+
+fn write_dedup(w: &mut Writer, key: &DedupKey, entry: &DedupEntry) {
+    w.name(&key.resource);
+    w.bytes(key.request_id.as_bytes());
+    w.lease(&entry.lease_id);
+    w.u64(entry.lease_ttl_ms);
+    match entry.state {
+        DedupState::Waiting => w.u8(1),
+        DedupState::Held { token } => {
+            w.u8(2);
+            w.u64(token.as_u64());
+        }
+        DedupState::Ended {
+            token,
+            ended,
+            forget_at_ms,
+        } => {
+            w.u8(3);
+            w.u64(token.as_u64());
+            w.u8(lease_end_tag(ended));
+            w.u64(forget_at_ms);
+        }
+        DedupState::WaitEnded {
+            ended,
+            forget_at_ms,
+        } => {
+            w.u8(4);
+            w.u8(wait_end_tag(ended));
+            w.u64(forget_at_ms);
+        }
+    }
+}
+
+fn read_dedup(r: &mut Reader) -> Result<(DedupKey, DedupEntry), DecodeError> {
+    let key = DedupKey {
+        resource: r.name()?,
+        request_id: r.request_id()?,
+    };
+    let lease_id = r.lease()?;
+    let lease_ttl_ms = r.u64()?;
+    let state = match r.u8()? {
+        1 => DedupState::Waiting,
+        2 => DedupState::Held {
+            token: FencingToken::from_u64(r.u64()?),
+        },
+        3 => DedupState::Ended {
+            token: FencingToken::from_u64(r.u64()?),
+            ended: lease_end_from(r.u8()?)?,
+            forget_at_ms: r.u64()?,
+        },
+        4 => DedupState::WaitEnded {
+            ended: wait_end_from(r.u8()?)?,
+            forget_at_ms: r.u64()?,
+        },
+        tag => {
+            return Err(DecodeError::BadTag {
+                what: "dedup state",
+                tag,
+            })
+        }
+    };
+    Ok((
+        key,
+        DedupEntry {
+            lease_id,
+            lease_ttl_ms,
+            state,
+        },
+    ))
+}
+
+fn read_slots(r: &mut Reader) -> Result<SlotSet, DecodeError> {
+    let mut words = [0u64; SLOT_COUNT as usize / 64];
+    for word in words.iter_mut() {
+        *word = r.u64()?;
+    }
+    SlotSet::from_words(words).ok_or_else(|| DecodeError::Invalid("slot out of range".into()))
+}
+
+/// The lock state of some slots, as moved from one shard to another.
+pub(crate) struct Export {
+    /// Highest token among the moved holders and dedup entries.
+    pub max_token: FencingToken,
+    pub records: Vec<(ResourceName, Record)>,
+    pub dedup: Vec<(DedupKey, DedupEntry)>,
+}
+
+pub(crate) fn encode_export(export: &Export) -> Vec<u8> {
+    let mut w = Writer(Vec::with_capacity(64 + export.records.len() * 128));
+    w.0.extend_from_slice(EXPORT_MAGIC);
+    w.0.extend_from_slice(&EXPORT_VERSION.to_be_bytes());
+    w.u64(export.max_token.as_u64());
+    w.u32(export.records.len() as u32);
+    for (name, record) in &export.records {
+        write_record(&mut w, name, record);
+    }
+    w.u32(export.dedup.len() as u32);
+    for (key, entry) in &export.dedup {
+        write_dedup(&mut w, key, entry);
+    }
+    w.0
+}
+
+pub(crate) fn decode_export(bytes: &[u8]) -> Result<Export, DecodeError> {
+    let mut r = Reader(bytes);
+    if r.take(4)? != EXPORT_MAGIC {
+        return Err(DecodeError::BadMagic);
+    }
+    let version = u16::from_be_bytes(r.take(2)?.try_into().expect("2 bytes"));
+    if version != EXPORT_VERSION {
+        return Err(DecodeError::UnsupportedVersion(version.into()));
+    }
+    let max_token = FencingToken::from_u64(r.u64()?);
+    let n = r.count(RECORD_MIN_BYTES)?;
+    let mut records = Vec::with_capacity(n);
+    for _ in 0..n {
+        records.push(read_record(&mut r)?);
+    }
+    let n = r.count(DEDUP_MIN_BYTES)?;
+    let mut dedup = Vec::with_capacity(n);
+    for _ in 0..n {
+        dedup.push(read_dedup(&mut r)?);
+    }
+    r.finish()?;
+    Ok(Export {
+        max_token,
+        records,
+        dedup,
+    })
 }

@@ -77,6 +77,13 @@ pub enum LockError {
     },
     /// A parameter of an internal command is out of range.
     InvalidCommand { reason: &'static str },
+    /// This shard does not own the resource's slot (it moved away, or has
+    /// not arrived yet): the request was routed by a stale map. Nothing was
+    /// applied; refresh the map and retry at the owner.
+    WrongShard { slot: u32, epoch: u64 },
+    /// A migration cannot proceed as asked (too large, too many exports
+    /// outstanding, slots not owned by this shard).
+    MigrationRefused { reason: String },
 }
 
 impl LockError {
@@ -92,7 +99,8 @@ impl LockError {
             | RequestIdReused { .. }
             | LeaseNotHeld
             | HoldLimitReached { .. }
-            | InvalidCommand { .. } => Retry::Never,
+            | InvalidCommand { .. }
+            | MigrationRefused { .. } => Retry::Never,
             LockHeld { .. }
             | QueueFull { .. }
             | TenantWaitersExceeded { .. }
@@ -100,6 +108,8 @@ impl LockError {
             | TableFull { .. }
             | TokenSpaceExhausted { .. } => Retry::Backoff,
             LeaseIdCollision | LeaderNotReady { .. } | StaleEpoch { .. } => Retry::Immediately,
+            // The map catches up within a migration step: back off, refresh.
+            WrongShard { .. } => Retry::Backoff,
         }
     }
 
@@ -125,6 +135,8 @@ impl LockError {
             LeaderNotReady { .. } => "leader_not_ready",
             StaleEpoch { .. } => "stale_epoch",
             InvalidCommand { .. } => "invalid_command",
+            WrongShard { .. } => "wrong_shard",
+            MigrationRefused { .. } => "migration_refused",
         }
     }
 }
@@ -199,6 +211,11 @@ impl std::fmt::Display for LockError {
                 "entry epoch {entry_epoch} is older than the shard epoch {current_epoch}"
             ),
             InvalidCommand { reason } => write!(f, "invalid command: {reason}"),
+            WrongShard { slot, epoch } => write!(
+                f,
+                "slot {slot} is not served by this shard (epoch {epoch}); the request was routed by a stale map"
+            ),
+            MigrationRefused { reason } => write!(f, "migration refused: {reason}"),
         }
     }
 }

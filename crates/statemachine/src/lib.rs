@@ -12,6 +12,8 @@
 //! * [`machine`] — the table and `apply`.
 //! * [`token`] — the fencing token layout.
 //! * [`name`] — resource name rules.
+//! * [`slots`] — resource → slot hashing and slot sets (what a shard owns).
+//! * [`migrate`] — moving slots' lock state between shards (resharding).
 //! * [`limits`] — every bound, in one place.
 //! * [`codec`] — byte encodings of commands and snapshots.
 //! * [`error`] — the one error type, with retry hints.
@@ -20,7 +22,9 @@ pub mod codec;
 pub mod error;
 pub mod limits;
 pub mod machine;
+pub mod migrate;
 pub mod name;
+pub mod slots;
 pub mod token;
 pub mod types;
 
@@ -29,5 +33,6 @@ pub use error::{LockError, Retry};
 pub use limits::Limits;
 pub use machine::LockTable;
 pub use name::{NameError, ResourceName};
+pub use slots::{slot_of, SlotSet, SLOT_COUNT};
 pub use token::FencingToken;
 pub use types::*;

@@ -18,6 +18,12 @@ pub const MAX_RENEW_BATCH: usize = 1024;
 /// Largest clock-offset allowance a `LeaderChanged` command may carry (1 min).
 /// Anything larger is a misconfiguration, not a clock assumption.
 pub const MAX_CLOCK_OFFSET_ALLOWANCE_MS: u64 = 60_000;
+/// Largest export one migration may carry. It travels as one Raft entry on
+/// both shards and one gRPC message, so it stays well under the transport's
+/// message limit; an operator moves fewer slots at a time instead.
+pub const MAX_MIGRATION_DATA_BYTES: usize = 2 << 20;
+/// Exports a shard keeps at once (each until its target confirmed).
+pub const MAX_PENDING_EXPORTS: usize = 4;
 
 /// Per-shard limits. Identical on every replica of a shard (they are part of
 /// the snapshot); validated by [`Limits::validate`] before use.

@@ -23,6 +23,7 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use crate::error::LockError;
 use crate::limits::{InvalidLimits, Limits, MAX_CLOCK_OFFSET_ALLOWANCE_MS, MAX_RENEW_BATCH};
 use crate::name::ResourceName;
+use crate::slots::{slot_of, SlotSet};
 use crate::token::{FencingToken, MAX_EPOCH, MAX_POSITION, POSITION_SOFT_LIMIT};
 use crate::types::*;
 
@@ -87,6 +88,14 @@ pub(crate) enum DedupState {
 }
 
 impl DedupState {
+    /// The token of a granted acquire, if it was granted.
+    pub(crate) fn token(&self) -> Option<FencingToken> {
+        match *self {
+            DedupState::Held { token } | DedupState::Ended { token, .. } => Some(token),
+            DedupState::Waiting | DedupState::WaitEnded { .. } => None,
+        }
+    }
+
     pub(crate) fn forget_at_ms(&self) -> Option<u64> {
         match *self {
             DedupState::Ended { forget_at_ms, .. } | DedupState::WaitEnded { forget_at_ms, .. } => {
@@ -128,6 +137,21 @@ pub struct LockTable {
     pub(crate) wait_index: BTreeSet<(u64, ResourceName, LeaseId)>,
     pub(crate) forget_index: BTreeSet<(u64, DedupKey)>,
     pub(crate) tenant_waiters: BTreeMap<String, u32>,
+    /// Slots this shard serves. Requests for other slots are refused with
+    /// `WrongShard` at apply, whatever map routed them here.
+    pub(crate) owned: SlotSet,
+    /// Highest migration id imported (imports are idempotent by id).
+    pub(crate) last_imported_migration: u64,
+    /// Exports not yet confirmed by their target, by migration id.
+    pub(crate) exports: BTreeMap<u64, PendingExport>,
+}
+
+/// State taken out of the table by `ExportSlots`, kept until `DropExport`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct PendingExport {
+    pub slots: SlotSet,
+    pub data: Vec<u8>,
+    pub resources: u32,
 }
 
 impl LockTable {
@@ -149,7 +173,43 @@ impl LockTable {
             wait_index: BTreeSet::new(),
             forget_index: BTreeSet::new(),
             tenant_waiters: BTreeMap::new(),
+            owned: SlotSet::full(),
+            last_imported_migration: 0,
+            exports: BTreeMap::new(),
         })
+    }
+
+    /// An empty table that serves only `slots` (a shard of a sharded
+    /// cluster; [`LockTable::new`] serves every slot).
+    pub fn with_slots(limits: Limits, slots: SlotSet) -> Result<LockTable, InvalidLimits> {
+        let mut table = LockTable::new(limits)?;
+        table.owned = slots;
+        Ok(table)
+    }
+
+    /// The first state of a shard created at log position `index` (its
+    /// bootstrap snapshot): serves `slots` in `epoch`, with entry `index + 1`
+    /// the epoch's position 1... onwards. Every replica of the shard starts
+    /// from the same bytes.
+    ///
+    /// # Panics
+    /// If `epoch` is outside `1..=MAX_EPOCH` or `index` is 0.
+    pub fn bootstrap(
+        limits: Limits,
+        slots: SlotSet,
+        epoch: u64,
+        index: u64,
+    ) -> Result<LockTable, InvalidLimits> {
+        assert!(
+            (1..=MAX_EPOCH).contains(&epoch),
+            "epoch {epoch} out of range"
+        );
+        assert!(index >= 1, "a bootstrap snapshot is at index 1 or later");
+        let mut table = LockTable::with_slots(limits, slots)?;
+        table.epoch = epoch;
+        table.applied_index = index;
+        table.epoch_base_index = index - 1;
+        Ok(table)
     }
 
     /// Applies one command at the log position described by `ctx`.
@@ -227,15 +287,38 @@ impl LockTable {
                 Ok(Reply::RenewedBatch(results))
             }
             Command::Release { resource, lease_id } => {
+                self.check_owned(resource)?;
                 let released = self.end(resource, *lease_id, LeaseEnd::Released, events);
                 Ok(Reply::Released { released })
             }
             Command::Cancel { resource, lease_id } => {
+                self.check_owned(resource)?;
                 let removed = self.end(resource, *lease_id, LeaseEnd::Cancelled, events);
                 Ok(Reply::Cancelled { removed })
             }
             Command::Tick => Ok(Reply::Ticked(self.tick(events))),
             Command::LeaderChanged { .. } => unreachable!("handled above"),
+            Command::ExportSlots {
+                migration_id,
+                slots,
+            } => self.export_slots(*migration_id, slots, events),
+            Command::ImportSlots {
+                migration_id,
+                epoch,
+                slots,
+                data,
+                clock_offset_allowance_ms,
+            } => self.import_slots(
+                *migration_id,
+                *epoch,
+                slots,
+                data,
+                *clock_offset_allowance_ms,
+                ctx,
+            ),
+            Command::DropExport { migration_id } => Ok(Reply::ExportDropped {
+                existed: self.exports.remove(migration_id).is_some(),
+            }),
         }
     }
 
@@ -359,6 +442,7 @@ impl LockTable {
         wait_timeout_ms: u64,
         events: &mut Vec<Event>,
     ) -> Result<AcquireReply, LockError> {
+        self.check_owned(resource)?;
         self.check_ttl(lease_ttl_ms)?;
         if wait_timeout_ms > self.limits.max_wait_timeout_ms {
             return Err(LockError::WaitTimeoutOutOfRange {
@@ -547,6 +631,7 @@ impl LockTable {
         lease_ttl_ms: u64,
         events: &mut Vec<Event>,
     ) -> Result<Renewed, LockError> {
+        self.check_owned(resource)?;
         self.settle(resource, events);
         let now = self.now();
         let max_hold_ms = self.limits.max_hold_ms;
@@ -722,7 +807,7 @@ impl LockTable {
         });
     }
 
-    fn unindex_waiter(&mut self, resource: &ResourceName, waiter: &Waiter) {
+    pub(crate) fn unindex_waiter(&mut self, resource: &ResourceName, waiter: &Waiter) {
         let removed =
             self.wait_index
                 .remove(&(waiter.wait_deadline_ms, resource.clone(), waiter.lease_id));
@@ -874,6 +959,34 @@ impl LockTable {
     pub fn limits(&self) -> &Limits {
         &self.limits
     }
+    /// Refuses a resource whose slot this shard does not serve.
+    pub(crate) fn check_owned(&self, resource: &ResourceName) -> Result<(), LockError> {
+        let slot = slot_of(resource);
+        if self.owned.contains(slot) {
+            Ok(())
+        } else {
+            Err(LockError::WrongShard {
+                slot,
+                epoch: self.epoch,
+            })
+        }
+    }
+
+    /// Whether this shard serves `resource` (reads check it too).
+    pub fn owns(&self, resource: &ResourceName) -> bool {
+        self.owned.contains(slot_of(resource))
+    }
+
+    /// The slots this shard serves.
+    pub fn owned_slots(&self) -> &SlotSet {
+        &self.owned
+    }
+
+    /// Migration ids whose export is still kept.
+    pub fn pending_exports(&self) -> Vec<u64> {
+        self.exports.keys().copied().collect()
+    }
+
     pub fn epoch(&self) -> u64 {
         self.epoch
     }
@@ -904,6 +1017,18 @@ impl LockTable {
     /// Checks every structural invariant of the table; `Err` names the first
     /// one broken. Run after every apply in debug builds and by the tests.
     pub fn check_invariants(&self) -> Result<(), String> {
+        for name in self
+            .records
+            .keys()
+            .chain(self.dedup.keys().map(|k| &k.resource))
+        {
+            if !self.owned.contains(slot_of(name)) {
+                return Err(format!("{name} kept in slot {} not owned", slot_of(name)));
+            }
+        }
+        if self.exports.len() > crate::limits::MAX_PENDING_EXPORTS {
+            return Err("too many pending exports".into());
+        }
         let mut expiry = BTreeSet::new();
         let mut waits = BTreeSet::new();
         let mut tenants: BTreeMap<String, u32> = BTreeMap::new();

@@ -4,6 +4,7 @@
 use crate::error::LockError;
 use crate::limits::{LEASE_ID_LEN, MAX_REQUEST_ID_LEN};
 use crate::name::ResourceName;
+use crate::slots::SlotSet;
 use crate::token::FencingToken;
 
 /// The id of one holding: 128 random bits chosen by the proposer (the shard
@@ -123,6 +124,29 @@ pub enum Command {
     /// it, allowing `clock_offset_allowance_ms` for the new leader's clock
     /// being ahead; the extension is bounded per lease (see `apply`).
     LeaderChanged { clock_offset_allowance_ms: u64 },
+    /// Resharding, step 1 on the source shard: stop serving `slots` and take
+    /// their whole lock state (holders, waiters, dedup entries) out of the
+    /// table into an export kept in the replicated state under
+    /// `migration_id`, so any later leader can hand it over again.
+    /// Repeating it for the same id answers with the same export.
+    ExportSlots { migration_id: u64, slots: SlotSet },
+    /// Resharding, step 2 on the target shard: take over `slots` with the
+    /// state exported by the source, and move to `epoch` — a new epoch from
+    /// the placement controller's counter, above every epoch any shard ever
+    /// had — so every token minted here from now on is above every token
+    /// the source minted. Held leases keep their lease ids and tokens.
+    /// Imported leases get the same clock allowance as at a leader change.
+    /// Repeating it for an already imported id changes nothing.
+    ImportSlots {
+        migration_id: u64,
+        epoch: u64,
+        slots: SlotSet,
+        data: Vec<u8>,
+        clock_offset_allowance_ms: u64,
+    },
+    /// Resharding, step 3 on the source shard: the target has the state;
+    /// forget the export.
+    DropExport { migration_id: u64 },
 }
 
 /// One lease in a batch renew.
@@ -204,10 +228,28 @@ pub enum Reply {
     Acquire(AcquireReply),
     Renewed(Renewed),
     RenewedBatch(Vec<Result<Renewed, LockError>>),
-    Released { released: bool },
-    Cancelled { removed: bool },
-    LeaderChanged { leases_extended: u32 },
+    Released {
+        released: bool,
+    },
+    Cancelled {
+        removed: bool,
+    },
+    LeaderChanged {
+        leases_extended: u32,
+    },
     Ticked(TickReport),
+    /// The export of a migration: opaque bytes for `ImportSlots`.
+    Exported {
+        data: Vec<u8>,
+        resources: u32,
+    },
+    /// Slots taken over (`resources` moved in; 0 when repeated).
+    Imported {
+        resources: u32,
+    },
+    ExportDropped {
+        existed: bool,
+    },
 }
 
 /// Something that happened to a lease or waiter as a side effect of a
@@ -235,6 +277,12 @@ pub enum Event {
         lease_id: LeaseId,
         request_id: RequestId,
         ended: WaitEnd,
+    },
+    /// A waiter's resource moved to another shard with `ExportSlots`: the
+    /// wait continues there (a retry by `requestId` finds it).
+    WaitMoved {
+        resource: ResourceName,
+        lease_id: LeaseId,
     },
 }
 

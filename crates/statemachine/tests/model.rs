@@ -214,6 +214,11 @@ impl Model {
             }),
             Command::Tick => Ok(Reply::Ticked(self.tick(ev))),
             Command::LeaderChanged { .. } => unreachable!(),
+            // Resharding moves state between tables; the single-table model
+            // never generates it (tests/migration.rs covers it).
+            Command::ExportSlots { .. }
+            | Command::ImportSlots { .. }
+            | Command::DropExport { .. } => unreachable!(),
         }
     }
 
@@ -686,6 +691,7 @@ impl Observer {
                     prop_assert!(i.is_some(), "wait ended for a lease not queued");
                     q.remove(i.unwrap());
                 }
+                Event::WaitMoved { .. } => prop_assert!(false, "no migration in the model"),
             }
         }
         // Only the current lease renews or releases; a stale one changes
@@ -817,7 +823,8 @@ fn by_resource(events: &[Event]) -> BTreeMap<String, Vec<Event>> {
         let r = match e {
             Event::Granted { resource, .. }
             | Event::LeaseEnded { resource, .. }
-            | Event::WaitEnded { resource, .. } => resource,
+            | Event::WaitEnded { resource, .. }
+            | Event::WaitMoved { resource, .. } => resource,
         };
         m.entry(r.to_string()).or_default().push(e.clone());
     }

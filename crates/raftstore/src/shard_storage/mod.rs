@@ -445,6 +445,12 @@ impl<E: Engine + ?Sized> ShardStorage<E> {
         self.snapshot_request.take()
     }
 
+    /// Records (again) that a snapshot at an index `>= index` is wanted.
+    pub fn request_snapshot(&self, index: u64) {
+        let wanted = self.snapshot_request.get().map_or(index, |w| w.max(index));
+        self.snapshot_request.set(Some(wanted));
+    }
+
     /// The latest durable state-machine snapshot, with its data; what a
     /// restarting node restores its state machine from.
     pub fn state_machine_snapshot(&self) -> Result<Option<Snapshot>> {
@@ -1136,12 +1142,37 @@ impl<E: Engine + ?Sized> raft::Storage for ShardStorage<E> {
     }
 
     /// The latest durable state-machine snapshot if its index is
-    /// `>= request_index`; otherwise `SnapshotTemporarilyUnavailable` (raft
-    /// retries later) and the request is recorded for
-    /// [`ShardStorage::take_snapshot_request`].
-    fn snapshot(&self, request_index: u64, _to: u64) -> raft::Result<Snapshot> {
+    /// `>= request_index` and its configuration includes the recipient `to`;
+    /// otherwise `SnapshotTemporarilyUnavailable` (raft retries later) and
+    /// the request is recorded for [`ShardStorage::take_snapshot_request`].
+    fn snapshot(&self, request_index: u64, to: u64) -> raft::Result<Snapshot> {
         match self.durable.snapshot {
-            Some(info) if info.index >= request_index => Ok(self.load_snapshot(info)?),
+            Some(info) if info.index >= request_index => {
+                let snap = self.load_snapshot(info)?;
+                // A replica added after the snapshot was taken is not in its
+                // configuration, and raft-rs on that replica rejects it:
+                // ask for a newer one (taken after the replica was added).
+                let cs = snap.get_metadata().get_conf_state();
+                let knows_to = cs.voters.contains(&to)
+                    || cs.learners.contains(&to)
+                    || cs.voters_outgoing.contains(&to)
+                    || cs.learners_next.contains(&to);
+                if to == 0 || knows_to || (cs.voters.is_empty() && cs.learners.is_empty()) {
+                    return Ok(snap);
+                }
+                let wanted = info.index + 1;
+                let wanted = self
+                    .snapshot_request
+                    .get()
+                    .map_or(wanted, |w| w.max(wanted));
+                self.snapshot_request.set(Some(wanted));
+                Err(Error::SnapshotTemporarilyUnavailable {
+                    shard_id: self.shard_id,
+                    request_index: wanted,
+                    latest_index: Some(info.index),
+                }
+                .into())
+            }
             latest => {
                 let wanted = self
                     .snapshot_request

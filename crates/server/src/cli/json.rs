@@ -1,5 +1,6 @@
-//! A flat JSON object writer for `--output json`: enough for the CLI's
-//! answers (strings, integers, booleans) without a JSON dependency.
+//! A small JSON object writer for `--output json`: enough for the CLI's
+//! answers (strings, integers, booleans, lists of objects) without a JSON
+//! dependency.
 
 use std::fmt::Write as _;
 
@@ -10,6 +11,8 @@ pub enum Value {
     U64(u64),
     I64(i64),
     Bool(bool),
+    /// A list of objects (admin listings).
+    List(Vec<Object>),
 }
 
 impl From<&str> for Value {
@@ -42,6 +45,12 @@ impl From<i64> for Value {
     }
 }
 
+impl From<Vec<Object>> for Value {
+    fn from(items: Vec<Object>) -> Value {
+        Value::List(items)
+    }
+}
+
 impl From<bool> for Value {
     fn from(b: bool) -> Value {
         Value::Bool(b)
@@ -49,7 +58,7 @@ impl From<bool> for Value {
 }
 
 /// An object whose keys keep their insertion order.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Object {
     fields: Vec<(&'static str, Value)>,
 }
@@ -79,6 +88,16 @@ impl Object {
                 Value::U64(n) => write!(out, "{n}").expect("writing to a String"),
                 Value::I64(n) => write!(out, "{n}").expect("writing to a String"),
                 Value::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
+                Value::List(items) => {
+                    out.push('[');
+                    for (i, item) in items.iter().enumerate() {
+                        if i > 0 {
+                            out.push(',');
+                        }
+                        out.push_str(&item.render());
+                    }
+                    out.push(']');
+                }
             }
         }
         out.push('}');
@@ -117,6 +136,7 @@ impl std::fmt::Display for Value {
             Value::U64(n) => write!(f, "{n}"),
             Value::I64(n) => write!(f, "{n}"),
             Value::Bool(b) => write!(f, "{b}"),
+            Value::List(items) => write!(f, "{} items", items.len()),
         }
     }
 }
@@ -137,5 +157,7 @@ mod tests {
             r#"{"s":"a\"b\\c\nd\u0001é","u":18446744073709551615,"i":-5,"b":true}"#
         );
         assert_eq!(Object::new().render(), "{}");
+        let list = Object::new().with("l", vec![Object::new().with("a", 1u64), Object::new()]);
+        assert_eq!(list.render(), r#"{"l":[{"a":1},{}]}"#);
     }
 }

@@ -86,7 +86,8 @@ impl Cluster {
     /// Waits until every shard has a ready leader among the running nodes.
     pub async fn wait_for_leaders(&self, within: Duration) {
         let deadline = Instant::now() + within;
-        let shards = self.configs.values().next().unwrap().shard_count as usize;
+        // The data shards plus the meta shard (placement), as bootstrapped.
+        let shards = self.configs.values().next().unwrap().shard_count as usize + 1;
         loop {
             let mut led = std::collections::BTreeSet::new();
             for node in self.nodes.values() {
@@ -118,6 +119,15 @@ impl Cluster {
                     .any(|s| s.shard_id == shard_id && s.is_leader)
             })
             .map(|(id, _)| *id)
+    }
+
+    pub async fn admin(
+        &self,
+        id: u64,
+    ) -> fencelock_api::v1::admin_service_client::AdminServiceClient<Channel> {
+        fencelock_api::v1::admin_service_client::AdminServiceClient::connect(self.endpoint(id))
+            .await
+            .expect("connect")
     }
 
     pub async fn client(&self, id: u64) -> LockServiceClient<Channel> {
@@ -188,6 +198,8 @@ where
                 | Reason::Unspecified
                 | Reason::ServerBusy
                 | Reason::ShuttingDown
+                | Reason::EpochNotMatch
+                | Reason::ShardNotFound
         );
         if !retryable || Instant::now() >= deadline {
             return Err(detail);

@@ -19,23 +19,28 @@
 //! committed by a majority and applied. Waiting acquires stay registered
 //! until an event from a later apply (grant, timeout, cancel) ends them.
 
-use std::collections::{BTreeMap, HashMap};
+mod payload;
+
+pub use payload::{decode_payload, decode_state, encode_payload, encode_state, Payload};
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crossbeam_channel::{Receiver, Sender};
+use fencelock_placement::{PlacementCommand, PlacementMap, PlacementReply, META_SHARD_ID};
 use fencelock_raftstore::{RocksEngine, ShardStorage, WriteBatch};
 use fencelock_statemachine::{
-    AcquireReply, AcquireStatus, ApplyContext, Command, Event, LeaseId, LockError, LockTable,
-    LockView, Reply, ResourceName, WaitEnd,
+    slot_of, AcquireReply, AcquireStatus, ApplyContext, Command, Event, LeaseId, LockError,
+    LockTable, LockView, Reply, ResourceName, SlotSet, WaitEnd,
 };
 use raft::prelude::{Entry, EntryType, Message};
 use raft::{RawNode, StateRole};
 use tokio::sync::oneshot;
 
 use crate::config::NodeConfig;
-use crate::errors::{LeaderInfo, ServerError};
-use crate::shard_map::ShardMap;
+use crate::errors::ServerError;
+use crate::router::Router;
 use crate::transport::{Envelope, Transport};
 
 /// Requests and messages drained per loop iteration before proposing: bounds
@@ -45,8 +50,6 @@ const MAX_MSGS_PER_ITERATION: usize = 4_096;
 /// snapshot interval), so a follower that is only a little behind catches up
 /// from the log rather than by snapshot.
 const LOG_KEEP_BEHIND_SNAPSHOT: u64 = 1_000;
-/// Version byte of a Raft entry payload.
-const PAYLOAD_VERSION: u8 = 1;
 
 pub type AcquireResult = Result<AcquireReply, ServerError>;
 pub type ReplyResult = Result<Reply, ServerError>;
@@ -64,6 +67,21 @@ pub enum Responder {
     },
     /// A configuration change: answered when it applied.
     Done(oneshot::Sender<Result<(), ServerError>>),
+    /// A placement command on the meta shard: answered at apply.
+    Meta(oneshot::Sender<MetaResult>),
+}
+
+pub type MetaResult = Result<(PlacementReply, PlacementMap), ServerError>;
+
+/// How a new replica of a shard starts on this node.
+#[derive(Clone, Debug)]
+pub enum PeerInit {
+    /// Empty, waiting for the leader's snapshot (a replica being added to
+    /// an existing shard as a learner).
+    Empty,
+    /// A brand-new shard (a split): every initial replica starts from the
+    /// same bootstrap snapshot with these voters, serving no slot yet.
+    NewShard { voters: BTreeSet<u64>, epoch: u64 },
 }
 
 /// A linearizable read of one resource.
@@ -92,6 +110,33 @@ pub enum StoreMsg {
         shard_id: u64,
         change: MembershipChange,
         node_id: u64,
+        tx: oneshot::Sender<Result<(), ServerError>>,
+    },
+    /// Propose a placement command to the meta shard (this node must lead it).
+    ProposeMeta {
+        command: PlacementCommand,
+        tx: oneshot::Sender<MetaResult>,
+    },
+    /// Start a replica of `shard_id` on this node (idempotent).
+    CreatePeer {
+        shard_id: u64,
+        init: PeerInit,
+        tx: oneshot::Sender<Result<(), ServerError>>,
+    },
+    /// Delete this node's replica of `shard_id` and its data (idempotent):
+    /// after the replica was removed from the shard's configuration.
+    /// `removed`: the caller saw the shard's leader without this node
+    /// (otherwise refused while the replica counts itself a member).
+    DestroyPeer {
+        shard_id: u64,
+        removed: bool,
+        tx: oneshot::Sender<Result<(), ServerError>>,
+    },
+    /// Ask this node's leader replica of `shard_id` to hand leadership to
+    /// `to`; answered at once, the transfer completes asynchronously.
+    TransferLeader {
+        shard_id: u64,
+        to: u64,
         tx: oneshot::Sender<Result<(), ServerError>>,
     },
     Shutdown,
@@ -154,10 +199,12 @@ pub fn wall_ms() -> u64 {
 /// One shard replica on this node.
 struct Peer {
     shard_id: u64,
-    epoch: u64,
     raw: RawNode<ShardStorage<RocksEngine>>,
     table: LockTable,
+    /// The placement map, on replicas of the meta shard only.
+    placement: Option<PlacementMap>,
     queued: Vec<(Command, Responder)>,
+    meta_queued: Vec<(PlacementCommand, oneshot::Sender<MetaResult>)>,
     pending: HashMap<u64, Pending>,
     reads: HashMap<u64, PendingRead>,
     waiting: HashMap<LeaseId, Waiting>,
@@ -211,10 +258,19 @@ pub struct ShardStatus {
     pub held: usize,
     /// Snapshots received from a leader and installed since start.
     pub snapshots_installed: u64,
+    pub commit_index: u64,
+    pub epoch: u64,
+    pub waiters: usize,
+    pub voters: Vec<u64>,
+    pub learners: Vec<u64>,
+    /// Slots this replica's table serves.
+    pub owned_slots: u32,
+    pub pending_exports: Vec<u64>,
 }
 
 pub struct Store {
     node_id: u64,
+    router: Arc<Router>,
     config: NodeConfig,
     engine: Arc<RocksEngine>,
     peers: BTreeMap<u64, Peer>,
@@ -231,18 +287,20 @@ pub struct Store {
 pub type StoreSender = Sender<StoreMsg>;
 
 impl Store {
-    /// Opens (or bootstraps) every shard on this node.
+    /// Opens every shard replica on this node; a fresh node of the initial
+    /// cluster bootstraps them (see [`bootstrap_batch`]), a fresh node with
+    /// `join = true` starts with none.
     pub fn open(
         config: NodeConfig,
         engine: Arc<RocksEngine>,
         transport: Arc<Transport>,
         inbox: Receiver<StoreMsg>,
         status: Arc<std::sync::Mutex<Vec<ShardStatus>>>,
+        router: Arc<Router>,
     ) -> Result<Store, ServerError> {
-        use fencelock_raftstore::meta;
+        use fencelock_raftstore::{meta, Engine};
         let storage_err = |e: fencelock_raftstore::Error| ServerError::Storage(e.to_string());
         let node_id = config.node_id;
-        let voters: Vec<u64> = config.peer_map().keys().copied().collect();
         let ident = meta::load_ident(engine.as_ref()).map_err(storage_err)?;
         if ident.is_none() {
             meta::init_store(
@@ -259,100 +317,130 @@ impl Store {
             )));
         }
         let mut shards = meta::registered_shards(engine.as_ref()).map_err(storage_err)?;
-        if shards.is_empty() {
-            // Bootstrap: every node starts every shard with the same static
-            // voter set, so the groups elect leaders without conf changes.
+        if shards.is_empty() && !config.join {
+            let nodes: Vec<(u64, String)> = config.peer_map().into_iter().collect();
+            let map = PlacementMap::bootstrap(
+                &nodes,
+                config.shard_count,
+                config.replication_factor as usize,
+            )
+            .map_err(|e| {
+                ServerError::Storage(format!("cannot bootstrap the placement map: {e}"))
+            })?;
             let mut batch = WriteBatch::new();
-            let mut cs = raft::prelude::ConfState::default();
-            cs.set_voters(voters.clone());
             let mut storages = Vec::new();
-            for shard_id in 1..=u64::from(config.shard_count) {
-                meta::register_shard(&mut batch, shard_id);
-                let mut st = ShardStorage::open(engine.clone(), shard_id).map_err(storage_err)?;
-                st.set_conf_state(&cs, &mut batch).map_err(storage_err)?;
+            for shard in map.shards() {
+                if !shard.replicas.contains(&node_id) {
+                    continue;
+                }
+                let (table, placement) = if shard.shard_id == META_SHARD_ID {
+                    (
+                        bootstrap_table(&config, SlotSet::EMPTY, META_TABLE_EPOCH)?,
+                        Some(&map),
+                    )
+                } else {
+                    let slots: SlotSet = map.slots_of(shard.shard_id).into_iter().collect();
+                    (bootstrap_table(&config, slots, shard.epoch)?, None)
+                };
+                let st = bootstrap_batch(
+                    &engine,
+                    shard.shard_id,
+                    &shard.replicas,
+                    &table,
+                    placement,
+                    &mut batch,
+                )?;
                 storages.push(st);
-                shards.push(shard_id);
+                shards.push(shard.shard_id);
             }
-            use fencelock_raftstore::Engine;
             engine.write(&batch, true).map_err(storage_err)?;
             for mut st in storages {
                 st.on_persisted();
             }
         }
-        if shards.len() != config.shard_count as usize {
-            // Resources hash over `shard_count` shards: serving with another
-            // count would route requests to shards that do not hold them.
-            return Err(ServerError::Storage(format!(
-                "the data directory holds {} shards but shard_count is {}; shard_count cannot change after bootstrap",
-                shards.len(),
-                config.shard_count
-            )));
-        }
-        let logger = slog::Logger::root(slog::Discard, slog::o!());
-        let mut peers = BTreeMap::new();
-        for shard_id in shards {
-            let storage = ShardStorage::open(engine.clone(), shard_id).map_err(storage_err)?;
-            let (table, applied, applied_term) = match storage.state_machine_snapshot() {
-                Ok(Some(snap)) => {
-                    let table = LockTable::restore(snap.get_data()).map_err(|e| {
-                        ServerError::Storage(format!("shard {shard_id} snapshot: {e}"))
-                    })?;
-                    let md = snap.get_metadata();
-                    (table, md.index, md.term)
-                }
-                Ok(None) => (Self::new_table(&config)?, 0, 0),
-                Err(e) => return Err(storage_err(e)),
-            };
-            let raft_config = raft::Config {
-                id: node_id,
-                election_tick: config.raft.election_ticks as usize,
-                heartbeat_tick: config.raft.heartbeat_ticks as usize,
-                applied,
-                check_quorum: true,
-                pre_vote: true,
-                max_size_per_msg: 1 << 20,
-                max_inflight_msgs: 256,
-                ..Default::default()
-            };
-            let raw = RawNode::new(&raft_config, storage, &logger)
-                .map_err(|e| ServerError::Storage(format!("shard {shard_id}: {e}")))?;
-            peers.insert(
-                shard_id,
-                Peer {
-                    shard_id,
-                    epoch: ShardMap::initial_epoch(shard_id),
-                    raw,
-                    table,
-                    queued: Vec::new(),
-                    pending: HashMap::new(),
-                    reads: HashMap::new(),
-                    waiting: HashMap::new(),
-                    clock: None,
-                    needs_leader_changed: false,
-                    leader_changed_at: None,
-                    tick_in_flight: None,
-                    applied_index: applied,
-                    applied_term,
-                    last_snapshot_index: applied,
-                    snapshots_installed: 0,
-                },
-            );
-        }
-        Ok(Store {
+        let mut store = Store {
             node_id,
+            router,
             config,
             engine,
-            peers,
+            peers: BTreeMap::new(),
             transport,
             inbox,
             next_id: 1,
             status,
             deferred: WriteBatch::new(),
-        })
+        };
+        for shard_id in shards {
+            let storage =
+                ShardStorage::open(store.engine.clone(), shard_id).map_err(storage_err)?;
+            store.add_peer(shard_id, storage)?;
+        }
+        store.publish_map();
+        Ok(store)
     }
 
-    fn new_table(config: &NodeConfig) -> Result<LockTable, ServerError> {
-        LockTable::new(config.limits()).map_err(|e| ServerError::Internal(e.to_string()))
+    /// Builds the in-memory replica over `storage`: restores its state from
+    /// the latest snapshot (every initialized replica has one: the bootstrap
+    /// snapshot at least), or starts empty for a replica waiting for one.
+    fn add_peer(
+        &mut self,
+        shard_id: u64,
+        storage: ShardStorage<RocksEngine>,
+    ) -> Result<(), ServerError> {
+        let storage_err = |e: fencelock_raftstore::Error| ServerError::Storage(e.to_string());
+        let (table, placement, applied, applied_term) = match storage.state_machine_snapshot() {
+            Ok(Some(snap)) => {
+                let (table, placement) = decode_state(snap.get_data())
+                    .map_err(|e| ServerError::Storage(format!("shard {shard_id} snapshot: {e}")))?;
+                let md = snap.get_metadata();
+                (table, placement, md.index, md.term)
+            }
+            Ok(None) => (
+                LockTable::with_slots(self.config.limits(), SlotSet::EMPTY)
+                    .map_err(|e| ServerError::Internal(e.to_string()))?,
+                None,
+                0,
+                0,
+            ),
+            Err(e) => return Err(storage_err(e)),
+        };
+        let raft_config = raft::Config {
+            id: self.node_id,
+            election_tick: self.config.raft.election_ticks as usize,
+            heartbeat_tick: self.config.raft.heartbeat_ticks as usize,
+            applied,
+            check_quorum: true,
+            pre_vote: true,
+            max_size_per_msg: 1 << 20,
+            max_inflight_msgs: 256,
+            ..Default::default()
+        };
+        let logger = slog::Logger::root(slog::Discard, slog::o!());
+        let raw = RawNode::new(&raft_config, storage, &logger)
+            .map_err(|e| ServerError::Storage(format!("shard {shard_id}: {e}")))?;
+        self.peers.insert(
+            shard_id,
+            Peer {
+                shard_id,
+                raw,
+                table,
+                placement,
+                queued: Vec::new(),
+                meta_queued: Vec::new(),
+                pending: HashMap::new(),
+                reads: HashMap::new(),
+                waiting: HashMap::new(),
+                clock: None,
+                needs_leader_changed: false,
+                leader_changed_at: None,
+                tick_in_flight: None,
+                applied_index: applied,
+                applied_term,
+                last_snapshot_index: applied,
+                snapshots_installed: 0,
+            },
+        );
+        Ok(())
     }
 
     /// Runs until a `Shutdown` message or until every sender is gone.
@@ -392,6 +480,7 @@ impl Store {
                     break;
                 }
             }
+            self.publish_map();
             // Status is for observers (tests, admin views): once per Raft
             // tick is fresh enough and keeps the lock off the busy path.
             if ticked {
@@ -477,8 +566,120 @@ impl Store {
                     }
                 }
             }
+            StoreMsg::ProposeMeta { command, tx } => match self.ready_peer(META_SHARD_ID) {
+                Ok(peer) => peer.meta_queued.push((command, tx)),
+                Err(e) => {
+                    let _ = tx.send(Err(e));
+                }
+            },
+            StoreMsg::CreatePeer { shard_id, init, tx } => {
+                let _ = tx.send(self.create_peer(shard_id, init));
+            }
+            StoreMsg::DestroyPeer {
+                shard_id,
+                removed,
+                tx,
+            } => {
+                let _ = tx.send(self.destroy_peer(shard_id, removed));
+            }
+            StoreMsg::TransferLeader { shard_id, to, tx } => {
+                let is_leader = self.peers.get(&shard_id).map(|p| p.is_leader());
+                let result = match is_leader {
+                    None => Err(ServerError::ShardNotHere { shard_id }),
+                    Some(false) => Err(self.leader_hint(shard_id)),
+                    Some(true) => {
+                        let peer = self.peers.get_mut(&shard_id).expect("checked");
+                        peer.raw.transfer_leader(to);
+                        Ok(())
+                    }
+                };
+                let _ = tx.send(result);
+            }
             StoreMsg::Shutdown => {}
         }
+    }
+
+    /// Starts a replica of `shard_id` here; nothing if one exists.
+    fn create_peer(&mut self, shard_id: u64, init: PeerInit) -> Result<(), ServerError> {
+        if self.peers.contains_key(&shard_id) {
+            return Ok(());
+        }
+        let storage_err = |e: fencelock_raftstore::Error| ServerError::Storage(e.to_string());
+        let mut batch = WriteBatch::new();
+        let mut storage = match init {
+            PeerInit::Empty => {
+                fencelock_raftstore::meta::register_shard(&mut batch, shard_id);
+                ShardStorage::open(self.engine.clone(), shard_id).map_err(storage_err)?
+            }
+            PeerInit::NewShard { voters, epoch } => {
+                if !voters.contains(&self.node_id) {
+                    return Err(ServerError::InvalidArgument {
+                        field: "voters",
+                        reason: format!("node {} is not among {voters:?}", self.node_id),
+                    });
+                }
+                let table = bootstrap_table(&self.config, SlotSet::EMPTY, epoch)?;
+                bootstrap_batch(&self.engine, shard_id, &voters, &table, None, &mut batch)?
+            }
+        };
+        self.write_or_die(&batch, true);
+        storage.on_persisted();
+        self.add_peer(shard_id, storage)
+    }
+
+    /// Deletes this node's replica of `shard_id` and everything it stored.
+    /// Refused while this replica counts itself a member of the shard's
+    /// configuration, unless `removed` (the caller saw the leader's
+    /// configuration without this node): deleting a member's data is what
+    /// docs/safety.md forbids. A replica never deletes itself on applying
+    /// its own removal: a replica re-added later replays that removal from
+    /// an older snapshot on its way to the configuration that has it again.
+    fn destroy_peer(&mut self, shard_id: u64, removed: bool) -> Result<(), ServerError> {
+        let Some(peer) = self.peers.get(&shard_id) else {
+            return Ok(());
+        };
+        let conf = peer.raw.raft.prs().conf().to_conf_state();
+        let member = conf.voters.contains(&self.node_id) || conf.learners.contains(&self.node_id);
+        if member && !removed {
+            return Err(ServerError::InvalidArgument {
+                field: "shard_id",
+                reason: format!(
+                    "node {} is still a member of shard {shard_id}; remove it from the shard first",
+                    self.node_id
+                ),
+            });
+        }
+        let mut peer = self.peers.remove(&shard_id).expect("checked");
+        fail_peer(&mut peer, ServerError::ShardNotHere { shard_id });
+        let mut batch = WriteBatch::new();
+        peer.raw
+            .mut_store()
+            .destroy(&mut batch)
+            .map_err(|e| ServerError::Storage(e.to_string()))?;
+        fencelock_raftstore::meta::unregister_shard(&mut batch, shard_id);
+        self.write_or_die(&batch, true);
+        peer.raw.mut_store().on_persisted();
+        tracing::info!(shard_id, "replica destroyed");
+        Ok(())
+    }
+
+    /// Hands the meta replica's map to the router (and new node addresses
+    /// to the transport) when it is newer than what the router has.
+    fn publish_map(&self) {
+        let Some(map) = self
+            .peers
+            .get(&META_SHARD_ID)
+            .and_then(|p| p.placement.as_ref())
+        else {
+            return;
+        };
+        if map.version() <= self.router.map_version() {
+            return;
+        }
+        for node in map.nodes() {
+            self.transport.add_peer(node.node_id, &node.addr);
+        }
+        self.router.offer_map(map.clone());
     }
 
     /// The shard's replica if it is a leader ready to serve; otherwise the
@@ -486,9 +687,7 @@ impl Store {
     /// refusal: the ready path is every request's path.
     fn ready_peer(&mut self, shard_id: u64) -> Result<&mut Peer, ServerError> {
         match self.peers.get(&shard_id) {
-            None => Err(ServerError::Internal(format!(
-                "no shard {shard_id} on this node"
-            ))),
+            None => Err(ServerError::ShardNotHere { shard_id }),
             Some(peer) if !peer.is_ready_leader() => Err(self.leader_hint(shard_id)),
             Some(_) => Ok(self.peers.get_mut(&shard_id).expect("checked above")),
         }
@@ -507,18 +706,9 @@ impl Store {
             // We are the leader but not ready yet.
             return ServerError::LeaderNotReady { shard_id };
         }
-        let addr = self
-            .config
-            .peers
-            .iter()
-            .find(|p| p.id == leader_id)
-            .map(|p| p.addr.clone());
         ServerError::NotLeader {
             shard_id,
-            leader: addr.map(|addr| LeaderInfo {
-                node_id: leader_id,
-                addr,
-            }),
+            leader: self.router.leader_info(leader_id),
         }
     }
 
@@ -668,6 +858,30 @@ impl Store {
                     }
                 }
             }
+            let peer = self.peers.get_mut(&shard_id).expect("listed");
+            if peer.meta_queued.is_empty() {
+                continue;
+            }
+            let chunk = std::mem::take(&mut peer.meta_queued);
+            let (commands, txs): (Vec<PlacementCommand>, Vec<_>) = chunk.into_iter().unzip();
+            let responders: Vec<Responder> = txs.into_iter().map(Responder::Meta).collect();
+            let Some(clock) = peer.clock.filter(|_| peer.is_leader()) else {
+                for r in responders {
+                    respond_err(r, ServerError::LeaderUnknown { shard_id });
+                }
+                continue;
+            };
+            let data = payload::encode_placement_payload(clock.now_ms(), &commands);
+            let id = self.next_proposal_id();
+            let peer = self.peers.get_mut(&shard_id).expect("listed");
+            match peer.raw.propose(id.to_be_bytes().to_vec(), data) {
+                Ok(()) => peer.track(id, responders),
+                Err(_) => {
+                    for r in responders {
+                        respond_err(r, ServerError::LeaderUnknown { shard_id });
+                    }
+                }
+            }
         }
     }
 
@@ -735,9 +949,10 @@ impl Store {
             let peer = self.peers.get_mut(&shard_id).expect("listed");
             peer.raw.mut_store().on_persisted();
             if let Some(snap) = snapshot {
-                match LockTable::restore(snap.get_data()) {
-                    Ok(table) => {
+                match decode_state(snap.get_data()) {
+                    Ok((table, placement)) => {
                         peer.table = table;
+                        peer.placement = placement;
                         peer.applied_index = snap.get_metadata().index;
                         peer.applied_term = snap.get_metadata().term;
                         peer.last_snapshot_index = peer.applied_index;
@@ -770,9 +985,18 @@ impl Store {
                     .set_applied_index(applied, &mut self.deferred);
             }
             serve_reads(peer);
+            // raft-rs asked for a snapshot newer than the saved one (a
+            // replica was added since): take one at the applied index.
+            let requested = peer.raw.store().take_snapshot_request();
+            let force = requested.is_some_and(|i| peer.applied_index >= i);
+            if requested.is_some() && !force {
+                // Not applied that far yet: ask again next time.
+                peer.raw.store().request_snapshot(requested.unwrap_or(0));
+            }
             maybe_snapshot(
                 peer,
                 self.config.raft.snapshot_interval_entries,
+                force,
                 &mut self.deferred,
             );
         }
@@ -799,16 +1023,29 @@ impl Store {
         let status: Vec<ShardStatus> = self
             .peers
             .values()
-            .map(|p| ShardStatus {
-                shard_id: p.shard_id,
-                leader_id: p.raw.raft.leader_id,
-                term: p.raw.raft.term,
-                is_leader: p.is_ready_leader(),
-                applied_index: p.applied_index,
-                held: p.table.held_count(),
-                snapshots_installed: p.snapshots_installed,
+            .map(|p| {
+                let conf = p.raw.raft.prs().conf().to_conf_state();
+                ShardStatus {
+                    shard_id: p.shard_id,
+                    leader_id: p.raw.raft.leader_id,
+                    term: p.raw.raft.term,
+                    is_leader: p.is_ready_leader(),
+                    applied_index: p.applied_index,
+                    held: p.table.held_count(),
+                    snapshots_installed: p.snapshots_installed,
+                    commit_index: p.raw.raft.raft_log.committed,
+                    epoch: p.table.epoch(),
+                    waiters: p.table.waiter_count(),
+                    voters: conf.voters.clone(),
+                    learners: conf.learners.clone(),
+                    owned_slots: p.table.owned_slots().len(),
+                    pending_exports: p.table.pending_exports(),
+                }
             })
             .collect();
+        for st in &status {
+            self.router.note_leader(st.shard_id, st.leader_id);
+        }
         if let Ok(mut s) = self.status.lock() {
             *s = status;
         }
@@ -817,21 +1054,29 @@ impl Store {
     fn fail_everything(&mut self, err: impl Fn(u64) -> ServerError) {
         for peer in self.peers.values_mut() {
             let e = err(peer.shard_id);
-            for (_, p) in peer.pending.drain() {
-                for r in p.responders {
-                    respond_err(r, e.clone());
-                }
-            }
-            for (_, r) in peer.queued.drain(..) {
-                respond_err(r, e.clone());
-            }
-            for (_, r) in peer.reads.drain() {
-                let _ = r.tx.send(Err(e.clone()));
-            }
-            for (_, w) in peer.waiting.drain() {
-                let _ = w.tx.send(Err(e.clone()));
-            }
+            fail_peer(peer, e);
         }
+    }
+}
+
+/// Answers everything waiting on `peer` with `e`.
+fn fail_peer(peer: &mut Peer, e: ServerError) {
+    for (_, p) in peer.pending.drain() {
+        for r in p.responders {
+            respond_err(r, e.clone());
+        }
+    }
+    for (_, r) in peer.queued.drain(..) {
+        respond_err(r, e.clone());
+    }
+    for (_, tx) in peer.meta_queued.drain(..) {
+        let _ = tx.send(Err(e.clone()));
+    }
+    for (_, r) in peer.reads.drain() {
+        let _ = r.tx.send(Err(e.clone()));
+    }
+    for (_, w) in peer.waiting.drain() {
+        let _ = w.tx.send(Err(e.clone()));
     }
 }
 
@@ -871,6 +1116,9 @@ fn on_role_change(peer: &mut Peer, role: StateRole) {
     for (_, r) in peer.queued.drain(..) {
         respond_err(r, ServerError::LeaderUnknown { shard_id });
     }
+    for (_, tx) in peer.meta_queued.drain(..) {
+        let _ = tx.send(Err(ServerError::LeaderUnknown { shard_id }));
+    }
     for (_, r) in peer.reads.drain() {
         let _ = r.tx.send(Err(ServerError::LeaderUnknown { shard_id }));
     }
@@ -903,27 +1151,59 @@ fn apply_entries(peer: &mut Peer, entries: Vec<Entry>, batch: &mut WriteBatch) {
             }
             continue;
         }
-        let (now_ms, commands) = match decode_payload(&entry.data) {
+        let (now_ms, payload) = match decode_payload(&entry.data) {
             Ok(p) => p,
             Err(e) => panic!(
                 "fencelock: shard {} entry {} does not decode: {e}",
                 peer.shard_id, entry.index
             ),
         };
-        let ctx = ApplyContext {
-            index: entry.index,
-            term: entry.term,
-            epoch: peer.epoch,
-            now_ms,
+        let commands = match payload {
+            Payload::Locks(commands) => commands,
+            Payload::Placement(commands) => {
+                apply_placement(peer, &commands, responders);
+                continue;
+            }
         };
         let mut responders = responders.into_iter();
         for command in &commands {
+            // The table's own epoch: an import moves it mid-entry, and the
+            // commands after it belong to the new epoch.
+            let ctx = ApplyContext {
+                index: entry.index,
+                term: entry.term,
+                epoch: peer.table.epoch(),
+                now_ms,
+            };
             let outcome = peer.table.apply(command, &ctx);
             for event in &outcome.events {
                 on_event(peer, event);
             }
             let responder = responders.next().unwrap_or(Responder::None);
             respond(peer, responder, outcome.reply);
+        }
+    }
+}
+
+/// Applies placement commands to the meta shard's map.
+fn apply_placement(peer: &mut Peer, commands: &[PlacementCommand], responders: Vec<Responder>) {
+    let Some(map) = peer.placement.as_mut() else {
+        // Only the meta shard's leader proposes these; a data shard holding
+        // one means the log is not what this node believes it is.
+        panic!(
+            "fencelock: shard {} has a placement entry but no placement map",
+            peer.shard_id
+        );
+    };
+    let mut responders = responders.into_iter();
+    for command in commands {
+        let result = map.apply(command);
+        if let Some(Responder::Meta(tx)) = responders.next() {
+            let _ = tx.send(
+                result
+                    .map(|reply| (reply, map.clone()))
+                    .map_err(ServerError::Placement),
+            );
         }
     }
 }
@@ -986,13 +1266,16 @@ fn respond(
                 "not a configuration change".into(),
             )));
         }
+        Responder::Meta(tx) => {
+            let _ = tx.send(Err(ServerError::Internal("not a placement command".into())));
+        }
         Responder::Acquire { resource, tx } => match reply {
             Ok(Reply::Acquire(a)) => {
                 if let AcquireStatus::Queued { .. } = a.status {
                     // Answered when a later apply grants or ends the wait.
                     peer.waiting.insert(a.lease_id, Waiting { resource, tx });
                 } else {
-                    let _ = tx.send(finish_acquire(peer.epoch, a));
+                    let _ = tx.send(finish_acquire(peer.table.epoch(), a));
                 }
             }
             Ok(other) => {
@@ -1037,7 +1320,17 @@ fn on_event(peer: &mut Peer, event: &Event) {
                     deduplicated: false,
                     status: AcquireStatus::WaitEnded(*ended),
                 };
-                let _ = w.tx.send(finish_acquire(peer.epoch, reply));
+                let _ = w.tx.send(finish_acquire(peer.table.epoch(), reply));
+            }
+        }
+        Event::WaitMoved { resource, lease_id } => {
+            // The wait continues on the shard the resource moved to; the
+            // caller's retry (same requestId) finds it there.
+            if let Some(w) = peer.waiting.remove(lease_id) {
+                let _ = w.tx.send(Err(ServerError::Lock(LockError::WrongShard {
+                    slot: slot_of(resource),
+                    epoch: peer.table.epoch(),
+                })));
             }
         }
         Event::LeaseEnded { .. } => {}
@@ -1067,21 +1360,33 @@ fn serve_reads(peer: &mut Peer) {
         .collect();
     for id in ready {
         if let Some(r) = peer.reads.remove(&id) {
-            let _ = r.tx.send(Ok(ReadReply {
-                view: peer.table.view(&r.resource),
-                epoch: peer.epoch,
-            }));
+            let epoch = peer.table.epoch();
+            let reply = if peer.table.owns(&r.resource) {
+                Ok(ReadReply {
+                    view: peer.table.view(&r.resource),
+                    epoch,
+                })
+            } else {
+                Err(ServerError::Lock(LockError::WrongShard {
+                    slot: slot_of(&r.resource),
+                    epoch,
+                }))
+            };
+            let _ = r.tx.send(reply);
         }
     }
 }
 
 /// Saves a state-machine snapshot and truncates the log behind it every
-/// `interval` applied entries.
-fn maybe_snapshot(peer: &mut Peer, interval: u64, batch: &mut WriteBatch) {
-    if peer.applied_index < peer.last_snapshot_index + interval {
+/// `interval` applied entries, or now when `force` (raft-rs needs a snapshot
+/// newer than the saved one) and something was applied since.
+fn maybe_snapshot(peer: &mut Peer, interval: u64, force: bool, batch: &mut WriteBatch) {
+    if peer.applied_index < peer.last_snapshot_index + interval
+        && !(force && peer.applied_index > peer.last_snapshot_index)
+    {
         return;
     }
-    let data = peer.table.snapshot();
+    let data = encode_state(&peer.table, peer.placement.as_ref());
     // Raft's own view: a configuration change applied in this iteration may
     // not be visible in the storage until its write.
     let cs = peer.raw.raft.prs().conf().to_conf_state();
@@ -1111,6 +1416,9 @@ fn respond_err(responder: Responder, err: ServerError) {
         Responder::Done(tx) => {
             let _ = tx.send(Err(err));
         }
+        Responder::Meta(tx) => {
+            let _ = tx.send(Err(err));
+        }
     }
 }
 
@@ -1118,79 +1426,46 @@ fn u64_from_ctx(ctx: &[u8]) -> Option<u64> {
     Some(u64::from_be_bytes(ctx.try_into().ok()?))
 }
 
-/// A Raft entry payload: the leader's time stamp and the commands it carries.
-pub fn encode_payload(now_ms: u64, commands: &[Command]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(16 + commands.len() * 64);
-    out.push(PAYLOAD_VERSION);
-    out.extend_from_slice(&now_ms.to_be_bytes());
-    out.extend_from_slice(&(commands.len() as u32).to_be_bytes());
-    for c in commands {
-        // Length prefix first, patched once the command is written in place.
-        let at = out.len();
-        out.extend_from_slice(&[0; 4]);
-        c.encode_into(&mut out);
-        let len = (out.len() - at - 4) as u32;
-        out[at..at + 4].copy_from_slice(&len.to_be_bytes());
-    }
-    out
+/// The meta shard's lock table serves no slot and mints no token; its epoch
+/// only satisfies the apply context (which needs one) for its leader-change
+/// entries.
+const META_TABLE_EPOCH: u64 = 1;
+/// Log index of every shard's bootstrap snapshot. Starting the log after a
+/// snapshot means a replica added later always begins from a snapshot sent
+/// by the leader, never by replaying a log it has no initial state for.
+const BOOTSTRAP_INDEX: u64 = 1;
+const BOOTSTRAP_TERM: u64 = 1;
+
+fn bootstrap_table(
+    config: &NodeConfig,
+    slots: SlotSet,
+    epoch: u64,
+) -> Result<LockTable, ServerError> {
+    LockTable::bootstrap(config.limits(), slots, epoch, BOOTSTRAP_INDEX)
+        .map_err(|e| ServerError::Internal(e.to_string()))
 }
 
-/// Inverse of [`encode_payload`]; never panics on bad input.
-pub fn decode_payload(data: &[u8]) -> Result<(u64, Vec<Command>), String> {
-    fn take<'a>(data: &mut &'a [u8], n: usize) -> Result<&'a [u8], String> {
-        if data.len() < n {
-            return Err("payload truncated".into());
-        }
-        let (head, tail) = data.split_at(n);
-        *data = tail;
-        Ok(head)
-    }
-    let be_u32 = |b: &[u8]| u32::from_be_bytes(b.try_into().expect("4 bytes")) as usize;
-    let mut rest = data;
-    let version = take(&mut rest, 1)?[0];
-    if version != PAYLOAD_VERSION {
-        return Err(format!("unknown payload version {version}"));
-    }
-    let now_ms = u64::from_be_bytes(take(&mut rest, 8)?.try_into().expect("8 bytes"));
-    let n = be_u32(take(&mut rest, 4)?);
-    if n > rest.len() {
-        return Err("payload count too large".into());
-    }
-    let mut commands = Vec::with_capacity(n);
-    for _ in 0..n {
-        let len = be_u32(take(&mut rest, 4)?);
-        commands.push(Command::decode(take(&mut rest, len)?).map_err(|e| e.to_string())?);
-    }
-    if !rest.is_empty() {
-        return Err("trailing bytes in payload".into());
-    }
-    Ok((now_ms, commands))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use fencelock_statemachine::{LeaseId, ResourceName};
-
-    #[test]
-    fn entry_payload_round_trips_and_refuses_damage() {
-        let commands = vec![
-            Command::Tick,
-            Command::Release {
-                resource: ResourceName::parse("acme/x").unwrap(),
-                lease_id: LeaseId([3; 16]),
-            },
-        ];
-        let bytes = encode_payload(42, &commands);
-        assert_eq!(decode_payload(&bytes), Ok((42, commands)));
-        for cut in 0..bytes.len() {
-            assert!(decode_payload(&bytes[..cut]).is_err(), "truncated at {cut}");
-        }
-        let mut long = bytes.clone();
-        long.push(0);
-        assert!(decode_payload(&long).is_err());
-        let mut version = bytes;
-        version[0] = 9;
-        assert!(decode_payload(&version).is_err());
-    }
+/// Stages a brand-new shard replica into `batch`: registration plus the
+/// bootstrap snapshot (identical bytes on every initial replica). Call
+/// `on_persisted` on the returned storage after the batch is written.
+fn bootstrap_batch(
+    engine: &Arc<RocksEngine>,
+    shard_id: u64,
+    voters: &BTreeSet<u64>,
+    table: &LockTable,
+    placement: Option<&PlacementMap>,
+    batch: &mut WriteBatch,
+) -> Result<ShardStorage<RocksEngine>, ServerError> {
+    let storage_err = |e: fencelock_raftstore::Error| ServerError::Storage(e.to_string());
+    fencelock_raftstore::meta::register_shard(batch, shard_id);
+    let mut st = ShardStorage::open(engine.clone(), shard_id).map_err(storage_err)?;
+    let mut snap = raft::prelude::Snapshot::default();
+    snap.set_data(encode_state(table, placement).into());
+    let md = snap.mut_metadata();
+    md.index = BOOTSTRAP_INDEX;
+    md.term = BOOTSTRAP_TERM;
+    md.mut_conf_state()
+        .set_voters(voters.iter().copied().collect());
+    st.apply_snapshot(&snap, batch).map_err(storage_err)?;
+    Ok(st)
 }

@@ -1,0 +1,111 @@
+//! [`ClientError`], the one error type of the crate, and [`LostReason`].
+
+use fencelock_api::v1::{ErrorDetail, LeaseState, Reason};
+
+use crate::client::RequestId;
+
+/// Why a client call failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// A [`ClientConfig`](crate::ClientConfig) field is out of range.
+    #[error("invalid client configuration: {0}")]
+    InvalidConfig(String),
+
+    /// An endpoint is not a usable URI, or the list is empty or too long.
+    #[error("invalid endpoint {endpoint:?}: {reason}")]
+    InvalidEndpoint { endpoint: String, reason: String },
+
+    /// An argument was refused by the client before any call (for example a
+    /// wait timeout over [`MAX_WAIT_TIMEOUT_MS`](crate::MAX_WAIT_TIMEOUT_MS)).
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+
+    /// The server answered definitively with this error (see `reason`):
+    /// retrying the same call cannot help, or the client's retry budget for
+    /// it was spent on answers that were themselves definitive, such as
+    /// LOCK_HELD or WAIT_TIMED_OUT.
+    #[error("{0}")]
+    Rejected(Box<ErrorDetail>),
+
+    /// No definitive answer before the call's deadline: the service was
+    /// unreachable, had no leader or no quorum, or every answer was an
+    /// unknown outcome. A write may or may not have taken effect. For an
+    /// acquire, `request_id` is the id it used: retrying with it
+    /// ([`AcquireOptions::request_id`](crate::AcquireOptions)) learns the
+    /// outcome without a second grant.
+    #[error("no definitive answer within {timeout_ms} ms after {attempts} attempts; last error: {last_error}")]
+    Unavailable {
+        timeout_ms: u64,
+        attempts: u32,
+        last_error: String,
+        request_id: Option<RequestId>,
+    },
+
+    /// An acquire retried with an explicit request id found that id's
+    /// original grant, but that lease has already ended (`state`): the
+    /// caller does not hold the lock. Acquire again with a new request id.
+    #[error("the lease granted to this request id has ended ({state:?}, fencing token {fencing_token}); acquire again with a new request id")]
+    LeaseEnded {
+        state: LeaseState,
+        fencing_token: i64,
+    },
+
+    /// A gRPC failure that carries no fencelock error detail and is not a
+    /// transport failure (for example UNIMPLEMENTED from something that is
+    /// not a fencelock node).
+    #[error("gRPC error: {0}")]
+    Grpc(Box<tonic::Status>),
+}
+
+impl ClientError {
+    /// The server's reason, when the server refused the call.
+    pub fn reason(&self) -> Option<Reason> {
+        self.detail().map(ErrorDetail::reason)
+    }
+
+    /// The server's full error detail, when the server refused the call.
+    pub fn detail(&self) -> Option<&ErrorDetail> {
+        match self {
+            ClientError::Rejected(detail) => Some(detail.as_ref()),
+            _ => None,
+        }
+    }
+
+    /// True when someone else holds the lock: LOCK_HELD (no wait asked) or
+    /// WAIT_TIMED_OUT (waited in vain). Nothing is held.
+    pub fn is_lock_held(&self) -> bool {
+        matches!(self.reason(), Some(Reason::LockHeld | Reason::WaitTimedOut))
+    }
+
+    /// True when the call may or may not have taken effect.
+    pub fn outcome_unknown(&self) -> bool {
+        matches!(self, ClientError::Unavailable { .. })
+    }
+}
+
+/// Why a [`LockGuard`](crate::LockGuard) no longer protects anything. Every
+/// value means the same for the application: stop the protected work now.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LostReason {
+    /// The server answered a renewal with LEASE_NOT_HELD: the lease was
+    /// released with its id by someone else, expired, or was superseded.
+    NotHeld,
+    /// The stop-by deadline passed without a confirmed renewal: the
+    /// renewals failed, had unknown outcomes, or could not be sent (no
+    /// quorum, nodes down, the hold limit reached, a partition). The lease
+    /// may still be held on the servers, but the client can no longer be
+    /// sure that it is.
+    Unconfirmed,
+    /// The guard was released or dropped by the application.
+    Released,
+}
+
+impl std::fmt::Display for LostReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            LostReason::NotHeld => "the server no longer holds the lease (LEASE_NOT_HELD)",
+            LostReason::Unconfirmed => "no renewal was confirmed before the stop-by deadline",
+            LostReason::Released => "the lease was released by this client",
+        })
+    }
+}

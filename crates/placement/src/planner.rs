@@ -1,0 +1,279 @@
+//! What to move where: pure functions from an observed [`ClusterView`] to a
+//! list of [`Action`]s.
+//!
+//! Every plan is built by applying its own actions to a working copy of the
+//! view with the same checks as [`simulate`], so each emitted action is one
+//! `simulate` accepts in sequence. Plans are deterministic (ties go to the
+//! lowest id) and hold at most [`MAX_ACTIONS_PER_PLAN`] actions. Executing a
+//! plan and planning again on the result yields nothing, unless the plan was
+//! cut at the bound; then planning again continues the work.
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, VecDeque};
+
+pub use crate::view::{simulate, Action, ClusterView, ShardView};
+
+use crate::error::PlacementError;
+use crate::limits::MAX_ACTIONS_PER_PLAN;
+use crate::types::NodeState;
+use crate::view::apply_action;
+
+/// Evens out the cluster among accepting nodes (`Up` and not down): first
+/// replicas per node to within one of each other, then leaderships per node
+/// to within one where leadership transfers can get there. Replicas on other
+/// nodes stay where they are: moving them off is [`plan_drain`]'s job.
+/// An invalid view (see [`ClusterView::validate`]) gets an empty plan.
+pub fn plan_balance(view: &ClusterView) -> Vec<Action> {
+    if view.validate().is_err() {
+        return Vec::new();
+    }
+    let mut work = view.clone();
+    let mut plan = Vec::new();
+    if balance_replicas(&mut work, &mut plan) {
+        balance_leaders(&mut work, &mut plan);
+    }
+    plan
+}
+
+/// Moves every replica (the meta shard's included) and every leadership off
+/// `node_id`, each to the least-loaded accepting node that does not hold the
+/// shard yet. Leaderships move first: a transfer is cheap and takes load off
+/// the node at once, data moves follow.
+///
+/// All or nothing: if any shard has no possible destination the whole drain
+/// is refused. Mark the node `Draining` in the map first, or the next
+/// balance plan will fill it again.
+pub fn plan_drain(view: &ClusterView, node_id: u64) -> Result<Vec<Action>, PlacementError> {
+    view.validate()?;
+    let mut work = view.clone();
+    match work.nodes.get_mut(&node_id) {
+        None => return Err(PlacementError::UnknownNode { node_id }),
+        // Planning as if it were already draining keeps it from being
+        // chosen as a destination.
+        Some(state) if *state == NodeState::Up => *state = NodeState::Draining,
+        Some(_) => {}
+    }
+    let up_nodes = work.replica_counts().len();
+    for (&shard_id, shard) in &work.shards {
+        if shard.replicas.contains(&node_id)
+            && !work
+                .nodes
+                .keys()
+                .any(|&n| work.accepts(n) && !shard.replicas.contains(&n))
+        {
+            return Err(PlacementError::CannotDrain {
+                node_id,
+                shard_id,
+                up_nodes,
+            });
+        }
+    }
+
+    let mut plan = Vec::new();
+    let led: Vec<u64> = shard_ids(&work, |s| s.leader == Some(node_id));
+    for shard_id in led {
+        let counts = work.leader_counts();
+        let to = work.shards[&shard_id]
+            .replicas
+            .iter()
+            .filter_map(|n| counts.get(n).map(|&c| (c, *n)))
+            .min()
+            .map(|(_, n)| n);
+        // No accepting replica to take over: the replica move below hands
+        // leadership to the new replica instead.
+        if let Some(to) = to {
+            push(
+                &mut work,
+                &mut plan,
+                Action::TransferLeader { shard_id, to },
+            );
+        }
+    }
+    let held: Vec<u64> = shard_ids(&work, |s| s.replicas.contains(&node_id));
+    for shard_id in held {
+        let counts = work.replica_counts();
+        let replicas = &work.shards[&shard_id].replicas;
+        let to = counts
+            .iter()
+            .filter(|(n, _)| !replicas.contains(n))
+            .map(|(&n, &c)| (c, n))
+            .min()
+            .map(|(_, n)| n);
+        let Some(to) = to else {
+            // Checked for every shard above; other shards' moves do not
+            // change who is accepting.
+            debug_assert!(false, "drain destination vanished");
+            continue;
+        };
+        push(
+            &mut work,
+            &mut plan,
+            Action::MoveReplica {
+                shard_id,
+                from: node_id,
+                to,
+            },
+        );
+    }
+    // One transfer and one move per shard at most, which the bound allows.
+    debug_assert!(work
+        .shards
+        .values()
+        .all(|s| !s.replicas.contains(&node_id) && s.leader != Some(node_id)));
+    Ok(plan)
+}
+
+/// Moves replicas from the most to the least loaded accepting node until
+/// counts are within one. Returns false if the plan hit its bound.
+fn balance_replicas(work: &mut ClusterView, plan: &mut Vec<Action>) -> bool {
+    loop {
+        let counts = work.replica_counts();
+        let (Some((hi, hi_count)), Some((lo, lo_count))) =
+            (most_loaded(&counts), least_loaded(&counts))
+        else {
+            return true;
+        };
+        if hi_count <= lo_count + 1 {
+            return true;
+        }
+        // `hi` holds at least two more shards than `lo`, so at least one of
+        // them is not on `lo`. Moving a follower avoids a leader change.
+        let pick = work
+            .shards
+            .iter()
+            .filter(|(_, s)| s.replicas.contains(&hi) && !s.replicas.contains(&lo))
+            .map(|(&id, s)| (s.leader == Some(hi), id))
+            .min();
+        let Some((_, shard_id)) = pick else {
+            debug_assert!(false, "no shard to move from {hi} to {lo}");
+            return true;
+        };
+        let action = Action::MoveReplica {
+            shard_id,
+            from: hi,
+            to: lo,
+        };
+        if !push(work, plan, action) {
+            return false;
+        }
+    }
+}
+
+/// Moves leaderships along chains of replicas until no node leads two more
+/// shards than another node it can reach: a transfer can only go to a
+/// replica, so from an overloaded node the search walks "leads a shard that
+/// has a replica on" edges to the nearest node with at least two fewer.
+fn balance_leaders(work: &mut ClusterView, plan: &mut Vec<Action>) {
+    loop {
+        let counts = work.leader_counts();
+        let Some((_, lowest)) = least_loaded(&counts) else {
+            return;
+        };
+        let mut sources: Vec<(u64, usize)> = counts
+            .iter()
+            .filter(|(_, &c)| c >= lowest + 2)
+            .map(|(&n, &c)| (n, c))
+            .collect();
+        sources.sort_by_key(|&(n, c)| (Reverse(c), n));
+        let Some(path) = sources
+            .iter()
+            .find_map(|&(src, c)| leader_path(work, &counts, src, c))
+        else {
+            return;
+        };
+        // Each chain takes one leadership from a node and gives one to a node
+        // with two fewer, so the sum of squared counts falls: this ends.
+        for action in path {
+            if !push(work, plan, action) {
+                return;
+            }
+        }
+    }
+}
+
+/// A chain of transfers from `src` to the least-loaded accepting node it can
+/// reach that leads at most `src_count - 2` shards (ties: shorter chain, then
+/// lowest id), target end first; `None` if there is no such node.
+fn leader_path(
+    work: &ClusterView,
+    counts: &BTreeMap<u64, usize>,
+    src: u64,
+    src_count: usize,
+) -> Option<Vec<Action>> {
+    let mut led_by: BTreeMap<u64, Vec<u64>> = BTreeMap::new();
+    for (&id, shard) in &work.shards {
+        if let Some(leader) = shard.leader {
+            led_by.entry(leader).or_default().push(id);
+        }
+    }
+    // Breadth-first, so each node's parent gives a shortest chain to it:
+    // parent[node] = (previous node, shard whose leadership moves to node).
+    let mut parent: BTreeMap<u64, (u64, u64)> = BTreeMap::new();
+    let mut best: Option<(usize, usize, u64)> = None; // (count, depth, node)
+    let mut queue = VecDeque::from([(src, 0usize)]);
+    while let Some((u, depth)) = queue.pop_front() {
+        for &shard_id in led_by.get(&u).map_or(&[][..], Vec::as_slice) {
+            for &w in &work.shards[&shard_id].replicas {
+                let Some(&w_count) = counts.get(&w) else {
+                    continue; // not accepting
+                };
+                if w == src || parent.contains_key(&w) {
+                    continue;
+                }
+                parent.insert(w, (u, shard_id));
+                let candidate = (w_count, depth + 1, w);
+                if w_count + 2 <= src_count && best.is_none_or(|b| candidate < b) {
+                    best = Some(candidate);
+                }
+                queue.push_back((w, depth + 1));
+            }
+        }
+    }
+    let (_, _, target) = best?;
+    let mut path = Vec::new();
+    let mut at = target;
+    while at != src {
+        let (prev, shard_id) = parent[&at];
+        path.push(Action::TransferLeader { shard_id, to: at });
+        at = prev;
+    }
+    Some(path)
+}
+
+/// The node with the most load, lowest id on ties.
+fn most_loaded(counts: &BTreeMap<u64, usize>) -> Option<(u64, usize)> {
+    let (Reverse(c), n) = counts.iter().map(|(&n, &c)| (Reverse(c), n)).min()?;
+    Some((n, c))
+}
+
+/// The node with the least load, lowest id on ties.
+fn least_loaded(counts: &BTreeMap<u64, usize>) -> Option<(u64, usize)> {
+    let (c, n) = counts.iter().map(|(&n, &c)| (c, n)).min()?;
+    Some((n, c))
+}
+
+fn shard_ids(view: &ClusterView, keep: impl Fn(&ShardView) -> bool) -> Vec<u64> {
+    view.shards
+        .iter()
+        .filter(|(_, s)| keep(s))
+        .map(|(&id, _)| id)
+        .collect()
+}
+
+/// Applies `action` to the working view and records it, unless the plan is
+/// full. Planners only build actions that pass, so a refusal is a bug.
+fn push(work: &mut ClusterView, plan: &mut Vec<Action>, action: Action) -> bool {
+    if plan.len() >= MAX_ACTIONS_PER_PLAN {
+        return false;
+    }
+    match apply_action(work, &action) {
+        Ok(()) => {
+            plan.push(action);
+            true
+        }
+        Err(e) => {
+            debug_assert!(false, "planner built a refused action {action:?}: {e}");
+            false
+        }
+    }
+}

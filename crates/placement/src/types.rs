@@ -1,0 +1,132 @@
+//! The values the placement map stores, the commands that change it and the
+//! replies it gives.
+
+use std::collections::BTreeSet;
+
+/// What an operator declared about a node. Whether a node is reachable is
+/// observed by the server, not stored here (see [`crate::ClusterView`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum NodeState {
+    /// Serving; may receive replicas and leaderships.
+    Up,
+    /// Being emptied before maintenance: keeps what it holds until the
+    /// planner moves it away, receives nothing new.
+    Draining,
+    /// Holds no replica (the map refuses the state otherwise); may be
+    /// removed or brought back `Up`.
+    Drained,
+}
+
+/// One node of the cluster.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeEntry {
+    /// Never 0 (0 is Raft's "no node").
+    pub node_id: u64,
+    /// Where peers and routers reach the node (`host:port`); unique.
+    pub addr: String,
+    pub state: NodeState,
+}
+
+/// Where one shard lives and which epoch its tokens carry.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ShardPlacement {
+    pub shard_id: u64,
+    /// The epoch of the shard's fencing tokens. Rises whenever the shard
+    /// gains slots; 0 only for the meta shard, which mints no tokens.
+    pub epoch: u64,
+    /// Node ids of the shard's Raft voters; never empty.
+    pub replicas: BTreeSet<u64>,
+}
+
+/// A slot migration between two data shards. While it is in progress the
+/// slots still belong to `from_shard`: routing changes only on commit.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Migration {
+    /// Unique and increasing across the cluster's life: the lock state
+    /// machine makes imports idempotent by this id.
+    pub id: u64,
+    pub from_shard: u64,
+    pub to_shard: u64,
+    /// Sorted, unique, all owned by `from_shard`.
+    pub slots: Vec<u32>,
+    /// The target's epoch once the migration commits: allocated at begin,
+    /// above every epoch handed out before.
+    pub epoch: u64,
+}
+
+/// A change to the placement map, proposed through the meta shard's log.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PlacementCommand {
+    /// Adds a node in state `Up`.
+    AddNode { node_id: u64, addr: String },
+    /// Forgets a `Drained` node (which by then holds nothing).
+    RemoveNode { node_id: u64 },
+    /// Declares a node `Up`, `Draining` or `Drained` (only once empty).
+    SetNodeState { node_id: u64, state: NodeState },
+    /// Records a finished replica change of one shard.
+    SetReplicas {
+        shard_id: u64,
+        replicas: BTreeSet<u64>,
+    },
+    /// Creates an empty data shard (for splits) on `Up` nodes, with the next
+    /// shard id and a fresh epoch.
+    CreateShard { replicas: BTreeSet<u64> },
+    /// Starts moving `slots` from one data shard to another; allocates the
+    /// target's new epoch.
+    BeginMigration {
+        from_shard: u64,
+        to_shard: u64,
+        slots: Vec<u32>,
+    },
+    /// The target imported the slots: they now route to it, at its new epoch.
+    CommitMigration { migration_id: u64 },
+    /// Gives up a migration; its epoch is never handed out again.
+    AbortMigration { migration_id: u64 },
+    /// Gives a data shard a fresh epoch, e.g. when its token positions run
+    /// out (`TokenSpaceExhausted`).
+    AdvanceEpoch { shard_id: u64 },
+}
+
+/// What a successful command did. Every success bumps the map's version by
+/// exactly one, including one that restates the current node state or
+/// replica set: a retried proposal is harmless, and watchers can count on
+/// "one success, one version".
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PlacementReply {
+    NodeAdded,
+    NodeRemoved,
+    /// A node state or a replica set was recorded.
+    Updated,
+    ShardCreated {
+        shard_id: u64,
+        epoch: u64,
+    },
+    MigrationBegun {
+        migration_id: u64,
+        epoch: u64,
+    },
+    MigrationCommitted {
+        migration_id: u64,
+        to_shard: u64,
+        epoch: u64,
+    },
+    MigrationAborted {
+        migration_id: u64,
+    },
+    EpochAdvanced {
+        shard_id: u64,
+        epoch: u64,
+    },
+}
+
+impl PlacementReply {
+    /// The epoch this reply handed out, if any.
+    pub fn new_epoch(&self) -> Option<u64> {
+        match *self {
+            PlacementReply::ShardCreated { epoch, .. }
+            | PlacementReply::MigrationBegun { epoch, .. }
+            | PlacementReply::EpochAdvanced { epoch, .. } => Some(epoch),
+            _ => None,
+        }
+    }
+}

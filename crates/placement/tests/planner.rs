@@ -1,0 +1,439 @@
+//! The planner: balance and drain plans, checked by executing them with
+//! `simulate` and looking at every intermediate view.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use fencelock_placement::*;
+use proptest::prelude::*;
+
+fn nodes(n: u64) -> Vec<(u64, String)> {
+    (1..=n).map(|i| (i, format!("10.0.0.{i}:7000"))).collect()
+}
+
+fn spread(counts: &BTreeMap<u64, usize>) -> usize {
+    let max = counts.values().max().copied().unwrap_or(0);
+    let min = counts.values().min().copied().unwrap_or(0);
+    max - min
+}
+
+/// Executes `plan` step by step with `simulate`, checking after every step
+/// what the planner promises: the replica count of every shard is kept, and
+/// no shard loses replicas on accepting nodes (so none that had a majority
+/// drops below it).
+fn execute(view: &ClusterView, plan: &[Action]) -> ClusterView {
+    assert!(plan.len() <= MAX_ACTIONS_PER_PLAN);
+    let mut at = view.clone();
+    for action in plan {
+        let next = simulate(&at, action).unwrap_or_else(|e| panic!("{action:?} refused: {e}"));
+        for (id, shard) in &at.shards {
+            assert_eq!(
+                next.shards[id].replicas.len(),
+                shard.replicas.len(),
+                "{action:?}"
+            );
+            let (before, after) = (at.live_replicas(*id), next.live_replicas(*id));
+            assert!(
+                after >= before,
+                "{action:?} took shard {id} from {before} to {after} live replicas"
+            );
+            if before >= at.majority() {
+                assert!(after >= next.majority());
+            }
+        }
+        at = next;
+    }
+    at
+}
+
+/// Every shard on nodes 1..=3 and led by node 1, in a cluster of `n` nodes.
+fn skewed_view(n: u64, data_shards: u64) -> ClusterView {
+    ClusterView {
+        nodes: (1..=n).map(|i| (i, NodeState::Up)).collect(),
+        down: BTreeSet::new(),
+        shards: (0..=data_shards)
+            .map(|id| {
+                (
+                    id,
+                    ShardView {
+                        replicas: [1, 2, 3].into(),
+                        leader: Some(1),
+                    },
+                )
+            })
+            .collect(),
+        replication_factor: 3,
+    }
+}
+
+/// A bootstrapped cluster of `n - 1` nodes (first replica leads) that just
+/// gained node `n`.
+fn fresh_node_view(n: u64, data_shards: u32) -> ClusterView {
+    let mut map = PlacementMap::bootstrap(&nodes(n - 1), data_shards, 3).unwrap();
+    map.apply(&PlacementCommand::AddNode {
+        node_id: n,
+        addr: format!("10.0.0.{n}:7000"),
+    })
+    .unwrap();
+    let leaders = map
+        .shards()
+        .map(|s| (s.shard_id, *s.replicas.first().unwrap()))
+        .collect();
+    ClusterView::from_map(&map, &leaders)
+}
+
+fn assert_balanced(view: &ClusterView, what: &str) {
+    assert!(
+        spread(&view.replica_counts()) <= 1,
+        "{what}: replicas {:?}",
+        view.replica_counts()
+    );
+    assert!(
+        spread(&view.leader_counts()) <= 1,
+        "{what}: leaders {:?}",
+        view.leader_counts()
+    );
+    assert_eq!(
+        plan_balance(view),
+        vec![],
+        "{what}: planning again moved something"
+    );
+}
+
+#[test]
+fn balance_evens_replicas_and_leaders_for_3_to_7_nodes_and_8_to_64_shards() {
+    for n in 3..=7u64 {
+        for shards in 8..=64u64 {
+            for (start, name) in [
+                (skewed_view(n, shards), "skewed"),
+                (fresh_node_view(n, shards as u32), "fresh node"),
+            ] {
+                let plan = plan_balance(&start);
+                assert_eq!(plan_balance(&start), plan, "plans are deterministic");
+                let end = execute(&start, &plan);
+                assert_balanced(&end, &format!("{name}, {n} nodes, {shards} shards"));
+            }
+        }
+    }
+}
+
+#[test]
+fn draining_a_node_leaves_it_with_no_replicas_and_no_leaderships() {
+    for n in 4..=7u64 {
+        for shards in [8u32, 31, 64] {
+            let start = execute(
+                &fresh_node_view(n, shards),
+                &plan_balance(&fresh_node_view(n, shards)),
+            );
+            for drained in 1..=n {
+                let mut view = start.clone();
+                view.nodes.insert(drained, NodeState::Draining);
+                let plan = plan_drain(&view, drained).unwrap();
+                let end = execute(&view, &plan);
+                for (id, shard) in &end.shards {
+                    assert!(
+                        !shard.replicas.contains(&drained),
+                        "shard {id} still on {drained}"
+                    );
+                    assert_ne!(
+                        shard.leader,
+                        Some(drained),
+                        "shard {id} still led by {drained}"
+                    );
+                    assert_eq!(shard.replicas.len(), 3);
+                }
+                // The meta shard moves like any other.
+                assert!(!end.shards[&META_SHARD_ID].replicas.contains(&drained));
+                // Balancing afterwards evens the others and gives it nothing.
+                let after = execute(&end, &plan_balance(&end));
+                assert!(spread(&after.replica_counts()) <= 1);
+                assert!(after
+                    .shards
+                    .values()
+                    .all(|s| !s.replicas.contains(&drained)));
+            }
+        }
+    }
+}
+
+#[test]
+fn a_drain_moves_leaderships_before_data() {
+    let view = execute(
+        &fresh_node_view(5, 16),
+        &plan_balance(&fresh_node_view(5, 16)),
+    );
+    let plan = plan_drain(&view, 2).unwrap();
+    let first_move = plan
+        .iter()
+        .position(|a| matches!(a, Action::MoveReplica { .. }))
+        .unwrap();
+    assert!(first_move > 0, "node 2 led something");
+    assert!(plan[first_move..]
+        .iter()
+        .all(|a| matches!(a, Action::MoveReplica { .. })));
+}
+
+#[test]
+fn a_drain_is_refused_whole_when_too_few_up_nodes_remain() {
+    // Three nodes, factor three: nowhere to go.
+    let view = skewed_view(3, 8);
+    assert_eq!(
+        plan_drain(&view, 2),
+        Err(PlacementError::CannotDrain {
+            node_id: 2,
+            shard_id: 0,
+            up_nodes: 2
+        })
+    );
+    // Four nodes, but the spare one is down.
+    let mut view = skewed_view(4, 8);
+    view.down.insert(4);
+    assert!(matches!(
+        plan_drain(&view, 1),
+        Err(PlacementError::CannotDrain { .. })
+    ));
+    assert_eq!(
+        plan_drain(&view, 9),
+        Err(PlacementError::UnknownNode { node_id: 9 })
+    );
+}
+
+#[test]
+fn nodes_not_up_or_observed_down_receive_nothing() {
+    let mut view = skewed_view(6, 20);
+    view.nodes.insert(4, NodeState::Draining);
+    view.nodes.insert(5, NodeState::Drained);
+    view.down.insert(6);
+    // Only nodes 1..=3 accept, and they hold every shard: only leaders move.
+    let plan = plan_balance(&view);
+    assert!(
+        plan.iter()
+            .all(|a| matches!(a, Action::TransferLeader { to: 1..=3, .. })),
+        "{plan:?}"
+    );
+    let end = execute(&view, &plan);
+    assert_eq!(
+        end.leader_counts(),
+        BTreeMap::from([(1, 7), (2, 7), (3, 7)])
+    );
+    view.down.clear();
+    let end = execute(&view, &plan_balance(&view));
+    assert_eq!(end.replica_counts()[&6], 15);
+    assert!(end
+        .shards
+        .values()
+        .all(|s| !s.replicas.contains(&4) && !s.replicas.contains(&5)));
+}
+
+#[test]
+fn simulate_refuses_unsafe_actions() {
+    let mut view = skewed_view(6, 2);
+    view.nodes.insert(4, NodeState::Draining);
+    view.down.insert(5);
+    let refused = |action: Action| simulate(&view, &action).unwrap_err();
+    let mv = |from, to| Action::MoveReplica {
+        shard_id: 1,
+        from,
+        to,
+    };
+    let lead = |to| Action::TransferLeader { shard_id: 1, to };
+    assert_eq!(
+        refused(mv(1, 2)),
+        PlacementError::AlreadyAReplica {
+            shard_id: 1,
+            node_id: 2
+        }
+    );
+    assert_eq!(
+        refused(mv(6, 4)),
+        PlacementError::NotAReplica {
+            shard_id: 1,
+            node_id: 6
+        }
+    );
+    assert_eq!(
+        refused(mv(1, 4)),
+        PlacementError::NodeNotUp {
+            node_id: 4,
+            state: NodeState::Draining
+        }
+    );
+    assert_eq!(refused(mv(1, 5)), PlacementError::NodeDown { node_id: 5 });
+    assert_eq!(
+        refused(mv(1, 9)),
+        PlacementError::UnknownNode { node_id: 9 }
+    );
+    assert_eq!(
+        refused(Action::MoveReplica {
+            shard_id: 7,
+            from: 1,
+            to: 6
+        }),
+        PlacementError::UnknownShard { shard_id: 7 }
+    );
+    assert_eq!(
+        refused(lead(6)),
+        PlacementError::NotAReplica {
+            shard_id: 1,
+            node_id: 6
+        }
+    );
+    assert_eq!(
+        refused(lead(1)),
+        PlacementError::AlreadyLeader {
+            shard_id: 1,
+            node_id: 1
+        }
+    );
+    let mut leaderless = view.clone();
+    leaderless.shards.get_mut(&1).unwrap().leader = None;
+    assert_eq!(
+        simulate(&leaderless, &lead(2)),
+        Err(PlacementError::NoLeader { shard_id: 1 })
+    );
+    // A move off the leader hands leadership to the new replica.
+    let moved = simulate(&skewed_view(4, 2), &mv(1, 4)).unwrap();
+    assert_eq!(moved.shards[&1].leader, Some(4));
+    assert_eq!(moved.shards[&1].replicas, [2, 3, 4].into());
+}
+
+#[test]
+fn a_plan_is_bounded_and_planning_again_finishes_the_job() {
+    // Every shard on three of 64 nodes: about 2,900 replica moves.
+    let mut view = skewed_view(MAX_NODES as u64, u64::from(MAX_BOOTSTRAP_SHARDS));
+    let mut rounds = 0;
+    loop {
+        let plan = plan_balance(&view);
+        if plan.is_empty() {
+            break;
+        }
+        if rounds == 0 {
+            assert_eq!(
+                plan.len(),
+                MAX_ACTIONS_PER_PLAN,
+                "the first plan is cut at the bound"
+            );
+        }
+        view = execute(&view, &plan);
+        rounds += 1;
+        assert!(rounds < 10, "replanning does not converge");
+    }
+    assert!(rounds >= 2);
+    assert_balanced(&view, "after replanning");
+}
+
+#[test]
+fn an_inconsistent_view_gets_no_plan() {
+    let mut view = skewed_view(4, 4);
+    view.shards.get_mut(&2).unwrap().leader = Some(4);
+    assert_eq!(plan_balance(&view), vec![]);
+    assert!(matches!(
+        plan_drain(&view, 1),
+        Err(PlacementError::InvalidView { .. })
+    ));
+    let mut view = skewed_view(4, 4);
+    view.shards.get_mut(&2).unwrap().replicas.insert(9);
+    assert!(matches!(
+        view.validate(),
+        Err(PlacementError::InvalidView { .. })
+    ));
+}
+
+#[test]
+fn a_view_from_the_map_drops_leaders_that_are_not_replicas() {
+    let map = PlacementMap::bootstrap(&nodes(5), 4, 3).unwrap();
+    let leaders = BTreeMap::from([
+        (1, *map.shard(1).unwrap().replicas.first().unwrap()),
+        (2, 99),
+    ]);
+    let view = ClusterView::from_map(&map, &leaders);
+    assert_eq!(view.shards[&1].leader, leaders.get(&1).copied());
+    assert_eq!(view.shards[&2].leader, None);
+    assert_eq!(view.replication_factor, 3);
+    assert_eq!(view.validate(), Ok(()));
+}
+
+// ---------------------------------------------------------- random views
+
+fn random_view() -> impl Strategy<Value = ClusterView> {
+    let state = prop_oneof![
+        6 => Just(NodeState::Up),
+        1 => Just(NodeState::Draining),
+        1 => Just(NodeState::Drained),
+    ];
+    (
+        proptest::collection::vec((state, proptest::bool::weighted(0.1)), 1..=8),
+        1usize..=5,
+        proptest::collection::vec((any::<u64>(), any::<u8>()), 1..=40),
+    )
+        .prop_map(|(node_specs, rf, shard_specs)| {
+            let ids: Vec<u64> = (1..=node_specs.len() as u64).collect();
+            let nodes = ids
+                .iter()
+                .zip(&node_specs)
+                .map(|(&id, (s, _))| (id, *s))
+                .collect();
+            let down = ids
+                .iter()
+                .zip(&node_specs)
+                .filter(|(_, (_, d))| *d)
+                .map(|(&id, _)| id)
+                .collect();
+            let shards = shard_specs
+                .iter()
+                .enumerate()
+                .map(|(i, &(bits, lead))| {
+                    // `bits` chooses which nodes hold the shard (at most rf).
+                    let mut replicas: BTreeSet<u64> = ids
+                        .iter()
+                        .copied()
+                        .filter(|id| bits >> (id % 64) & 1 == 1)
+                        .take(rf)
+                        .collect();
+                    if replicas.is_empty() {
+                        replicas.insert(ids[bits as usize % ids.len()]);
+                    }
+                    let leader = (lead % 4 != 0)
+                        .then(|| *replicas.iter().nth(lead as usize % replicas.len()).unwrap());
+                    (i as u64, ShardView { replicas, leader })
+                })
+                .collect();
+            ClusterView {
+                nodes,
+                down,
+                shards,
+                replication_factor: rf,
+            }
+        })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
+    #[test]
+    fn random_views_get_safe_deterministic_idempotent_plans(view in random_view(), drained in 1u64..=8) {
+        prop_assert_eq!(view.validate(), Ok(()));
+        let plan = plan_balance(&view);
+        prop_assert_eq!(&plan_balance(&view), &plan);
+        let end = execute(&view, &plan);
+        prop_assert!(spread(&end.replica_counts()) <= 1, "{:?}", end.replica_counts());
+        prop_assert_eq!(plan_balance(&end), vec![]);
+
+        match plan_drain(&view, drained) {
+            Ok(plan) => {
+                prop_assert_eq!(&plan_drain(&view, drained), &Ok(plan.clone()));
+                let end = execute(&view, &plan);
+                prop_assert!(end.shards.values().all(|s| !s.replicas.contains(&drained) && s.leader != Some(drained)));
+            }
+            Err(PlacementError::UnknownNode { node_id }) => {
+                prop_assert!(!view.nodes.contains_key(&node_id));
+            }
+            Err(PlacementError::CannotDrain { shard_id, .. }) => {
+                // Really no accepting node outside that shard's replicas.
+                let replicas = &view.shards[&shard_id].replicas;
+                prop_assert!(replicas.contains(&drained));
+                prop_assert!(view.nodes.keys().all(|&n| n == drained || replicas.contains(&n) || !view.accepts(n)));
+            }
+            Err(other) => prop_assert!(false, "unexpected {other}"),
+        }
+    }
+}

@@ -1,0 +1,258 @@
+//! The public `AdminService`: inspection from the placement map plus every
+//! node's observed status, and operator actions run by [`Ops`].
+
+use fencelock_api::v1::admin_service_server::{AdminService, AdminServiceServer};
+use fencelock_api::v1::{
+    reshard_request, AddNodeRequest, AddNodeResponse, BalanceRequest, BalanceResponse,
+    DrainNodeRequest, DrainNodeResponse, ListNodesRequest, ListNodesResponse, ListShardsRequest,
+    ListShardsResponse, MoveReplicaRequest, MoveReplicaResponse, Node, NodeState, Replica,
+    ReplicaRole, ReshardRequest, ReshardResponse, Shard, SlotRange, TransferLeaderRequest,
+    TransferLeaderResponse,
+};
+use fencelock_placement::{NodeState as PlacedState, SLOT_COUNT};
+use tonic::{Request, Response, Status};
+
+use crate::errors::ServerError;
+use crate::ops::Ops;
+
+pub struct AdminServiceImpl {
+    ops: Ops,
+}
+
+impl AdminServiceImpl {
+    pub fn new(ops: Ops) -> Self {
+        AdminServiceImpl { ops }
+    }
+
+    pub fn into_server(self) -> AdminServiceServer<Self> {
+        AdminServiceServer::new(self)
+    }
+}
+
+fn invalid(field: &'static str, reason: impl Into<String>) -> Status {
+    ServerError::InvalidArgument {
+        field,
+        reason: reason.into(),
+    }
+    .into()
+}
+
+/// Expands inclusive slot ranges into sorted, unique slots.
+fn slots_from_ranges(ranges: &[SlotRange]) -> Result<Vec<u32>, Status> {
+    let mut slots = std::collections::BTreeSet::new();
+    for r in ranges {
+        if r.start > r.end || r.end >= SLOT_COUNT {
+            return Err(invalid(
+                "slots",
+                format!(
+                    "range {}..={} is not within 0..={}",
+                    r.start,
+                    r.end,
+                    SLOT_COUNT - 1
+                ),
+            ));
+        }
+        slots.extend(r.start..=r.end);
+    }
+    if slots.is_empty() {
+        return Err(invalid("slots", "no slots given"));
+    }
+    Ok(slots.into_iter().collect())
+}
+
+#[tonic::async_trait]
+impl AdminService for AdminServiceImpl {
+    async fn list_nodes(
+        &self,
+        _: Request<ListNodesRequest>,
+    ) -> Result<Response<ListNodesResponse>, Status> {
+        let map = self.ops.fresh_map().await?;
+        let statuses = self.ops.statuses(&map).await;
+        let nodes = map
+            .nodes()
+            .map(|n| {
+                let status = statuses.get(&n.node_id);
+                let state = match (status, n.state) {
+                    (None, _) => NodeState::Down,
+                    (Some(_), PlacedState::Up) => NodeState::Up,
+                    (Some(_), PlacedState::Draining) => NodeState::Draining,
+                    (Some(_), PlacedState::Drained) => NodeState::Drained,
+                };
+                Node {
+                    node_id: n.node_id,
+                    address: n.addr.clone(),
+                    state: state as i32,
+                    replica_count: map.shards_on_node(n.node_id).len() as u32,
+                    leader_count: status
+                        .map(|s| s.replicas.iter().filter(|r| r.is_leader).count() as u32)
+                        .unwrap_or(0),
+                }
+            })
+            .collect();
+        Ok(Response::new(ListNodesResponse {
+            nodes,
+            map_version: map.version(),
+        }))
+    }
+
+    async fn list_shards(
+        &self,
+        request: Request<ListShardsRequest>,
+    ) -> Result<Response<ListShardsResponse>, Status> {
+        let wanted = request.into_inner().shard_ids;
+        let map = self.ops.fresh_map().await?;
+        let statuses = self.ops.statuses(&map).await;
+        let mut shards = Vec::new();
+        for placed in map.shards() {
+            if !wanted.is_empty() && !wanted.contains(&placed.shard_id) {
+                continue;
+            }
+            let replica_of = |node: u64| {
+                statuses.get(&node).and_then(|s| {
+                    s.replicas
+                        .iter()
+                        .find(|r| r.shard_id == placed.shard_id)
+                        .cloned()
+                })
+            };
+            let leader = statuses.iter().find_map(|(node, s)| {
+                s.replicas
+                    .iter()
+                    .find(|r| r.shard_id == placed.shard_id && r.is_leader)
+                    .map(|r| (*node, r.clone()))
+            });
+            let (voters, learners): (Vec<u64>, Vec<u64>) = match &leader {
+                Some((_, r)) => (r.voters.clone(), r.learners.clone()),
+                None => (placed.replicas.iter().copied().collect(), Vec::new()),
+            };
+            let replicas = voters
+                .iter()
+                .map(|n| (*n, ReplicaRole::Voter))
+                .chain(learners.iter().map(|n| (*n, ReplicaRole::Learner)))
+                .map(|(node_id, role)| Replica {
+                    node_id,
+                    role: role as i32,
+                    applied_index: replica_of(node_id).map(|r| r.applied_index).unwrap_or(0),
+                })
+                .collect();
+            shards.push(Shard {
+                shard_id: placed.shard_id,
+                epoch: leader
+                    .as_ref()
+                    .map(|(_, r)| r.epoch)
+                    .unwrap_or(placed.epoch),
+                replicas,
+                leader_node_id: leader.as_ref().map(|(n, _)| *n).unwrap_or(0),
+                slot_ranges: map
+                    .slot_ranges_of(placed.shard_id)
+                    .into_iter()
+                    .map(|(start, end)| SlotRange { start, end })
+                    .collect(),
+                held_locks: leader.as_ref().map(|(_, r)| r.held_locks).unwrap_or(0),
+                waiters: leader.as_ref().map(|(_, r)| r.waiters).unwrap_or(0),
+            });
+        }
+        Ok(Response::new(ListShardsResponse {
+            shards,
+            slot_count: SLOT_COUNT,
+            map_version: map.version(),
+            migration_id: map.migration().map(|m| m.id).unwrap_or(0),
+        }))
+    }
+
+    async fn transfer_leader(
+        &self,
+        request: Request<TransferLeaderRequest>,
+    ) -> Result<Response<TransferLeaderResponse>, Status> {
+        let req = request.into_inner();
+        let leader = self
+            .ops
+            .transfer_leader(req.shard_id, req.to_node_id)
+            .await?;
+        Ok(Response::new(TransferLeaderResponse {
+            leader_node_id: leader,
+        }))
+    }
+
+    async fn move_replica(
+        &self,
+        request: Request<MoveReplicaRequest>,
+    ) -> Result<Response<MoveReplicaResponse>, Status> {
+        let req = request.into_inner();
+        let map_version = self
+            .ops
+            .move_replica(req.shard_id, req.from_node_id, req.to_node_id)
+            .await?;
+        Ok(Response::new(MoveReplicaResponse { map_version }))
+    }
+
+    async fn balance(
+        &self,
+        _: Request<BalanceRequest>,
+    ) -> Result<Response<BalanceResponse>, Status> {
+        let moved = self.ops.balance().await?;
+        let map = self.ops.fresh_map().await?;
+        Ok(Response::new(BalanceResponse {
+            map_version: map.version(),
+            replicas_moved: moved.replicas,
+            leaders_moved: moved.leaders,
+        }))
+    }
+
+    async fn drain_node(
+        &self,
+        request: Request<DrainNodeRequest>,
+    ) -> Result<Response<DrainNodeResponse>, Status> {
+        let moved = self.ops.drain(request.into_inner().node_id).await?;
+        let map = self.ops.fresh_map().await?;
+        Ok(Response::new(DrainNodeResponse {
+            map_version: map.version(),
+            replicas_moved: moved.replicas,
+            leaders_moved: moved.leaders,
+        }))
+    }
+
+    async fn add_node(
+        &self,
+        request: Request<AddNodeRequest>,
+    ) -> Result<Response<AddNodeResponse>, Status> {
+        let req = request.into_inner();
+        if req.node_id == 0 {
+            return Err(invalid("node_id", "must be the new node's id (≥ 1)"));
+        }
+        let map_version = self.ops.add_node(req.node_id, req.address).await?;
+        Ok(Response::new(AddNodeResponse {
+            node_id: req.node_id,
+            map_version,
+        }))
+    }
+
+    async fn reshard(
+        &self,
+        request: Request<ReshardRequest>,
+    ) -> Result<Response<ReshardResponse>, Status> {
+        let done = match request.into_inner().action {
+            Some(reshard_request::Action::MoveSlots(m)) => {
+                let slots = slots_from_ranges(&m.slots)?;
+                self.ops
+                    .move_slots(m.from_shard_id, m.to_shard_id, slots)
+                    .await?
+            }
+            Some(reshard_request::Action::SplitShard(s)) => {
+                self.ops.split(s.shard_id, s.split_at_slot).await?
+            }
+            Some(reshard_request::Action::Resume(_)) => {
+                self.ops.resume().await?.unwrap_or_default()
+            }
+            None => return Err(invalid("action", "say what to change")),
+        };
+        let map = self.ops.fresh_map().await?;
+        Ok(Response::new(ReshardResponse {
+            map_version: map.version(),
+            new_shard_id: done.new_shard_id,
+            migration_id: done.migration_id,
+            epoch: done.epoch,
+            resources_moved: done.resources,
+        }))
+    }
+}

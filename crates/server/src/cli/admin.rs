@@ -1,0 +1,411 @@
+//! `fencelock admin ...`: the operator commands, one `AdminService` call
+//! each. Any node answers; the call returns when the action is done.
+
+use std::time::Duration;
+
+use clap::{Args, Subcommand};
+use fencelock_api::v1::admin_service_client::AdminServiceClient;
+use fencelock_api::v1::{
+    reshard_request, AddNodeRequest, BalanceRequest, DrainNodeRequest, ListNodesRequest,
+    ListShardsRequest, MoveReplicaRequest, MoveSlots, NodeState, ReplicaRole, ReshardRequest,
+    ResumeMigration, SlotRange, SplitShard, TransferLeaderRequest,
+};
+use tonic::transport::Endpoint;
+
+use super::client::{endpoint_url, exit_code};
+use super::json::Object;
+use super::{Output, EXIT_OK, EXIT_UNAVAILABLE, EXIT_USAGE};
+
+/// How long one admin action may run (a drain moves every replica of a
+/// node, one after the other).
+const ADMIN_CALL_TIMEOUT: Duration = Duration::from_secs(600);
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+
+#[derive(Debug, Args)]
+pub struct AdminArgs {
+    /// Any node of the cluster.
+    #[arg(
+        long,
+        env = "FENCELOCK_ENDPOINT",
+        default_value = "http://127.0.0.1:7001",
+        global = true
+    )]
+    endpoint: String,
+    /// Output format.
+    #[arg(long, value_enum, default_value_t = Output::Human, global = true)]
+    output: Output,
+    #[command(subcommand)]
+    command: AdminCommand,
+}
+
+#[derive(Debug, Subcommand)]
+enum AdminCommand {
+    /// List nodes: address, state, replicas, leaderships.
+    Nodes,
+    /// List shards: epoch, leader, replicas, slot ranges, lock counts.
+    Shards {
+        /// Only these shards.
+        #[arg(long = "shard", value_name = "ID")]
+        shards: Vec<u64>,
+    },
+    /// Move a shard's leadership to another of its voters.
+    TransferLeader {
+        #[arg(long, value_name = "ID")]
+        shard: u64,
+        #[arg(long, value_name = "NODE")]
+        to: u64,
+    },
+    /// Move one replica of a shard to another node (learner, catch up,
+    /// promote, remove the old one).
+    MoveReplica {
+        #[arg(long, value_name = "ID")]
+        shard: u64,
+        #[arg(long, value_name = "NODE")]
+        from: u64,
+        #[arg(long, value_name = "NODE")]
+        to: u64,
+    },
+    /// Even out replicas and leaderships over the UP nodes.
+    Balance,
+    /// Move every replica and leadership off a node before maintenance.
+    Drain {
+        #[arg(long, value_name = "NODE")]
+        node: u64,
+    },
+    /// Add a running node started with `join = true`.
+    AddNode {
+        /// The new node's configured node_id.
+        #[arg(long, value_name = "NODE")]
+        id: u64,
+        /// The new node's advertised `host:port`.
+        #[arg(long, value_name = "HOST:PORT")]
+        addr: String,
+    },
+    /// Move slots between shards, split a shard, or finish an interrupted
+    /// migration.
+    #[command(subcommand)]
+    Reshard(ReshardCommand),
+}
+
+#[derive(Debug, Subcommand)]
+enum ReshardCommand {
+    /// Move slots from one shard to another (the target takes a new epoch).
+    Move {
+        #[arg(long, value_name = "ID")]
+        from: u64,
+        #[arg(long, value_name = "ID")]
+        to: u64,
+        /// Slots as ranges: `0-99,200,300-310`.
+        #[arg(long, value_name = "RANGES", value_parser = parse_ranges)]
+        slots: Vec<SlotRange>,
+    },
+    /// Split a shard: a new shard on the same nodes takes its upper slots.
+    Split {
+        #[arg(long, value_name = "ID")]
+        shard: u64,
+        /// First slot of the new shard (default: the middle).
+        #[arg(long, value_name = "SLOT", default_value_t = 0)]
+        at: u32,
+    },
+    /// Finish a migration an interrupted reshard left in progress.
+    Resume,
+}
+
+/// `0-99,200` → ranges. (clap calls this once per `--slots` value.)
+fn parse_ranges(s: &str) -> Result<SlotRange, String> {
+    let parse = |t: &str| t.trim().parse::<u32>().map_err(|e| format!("{t:?}: {e}"));
+    match s.split_once('-') {
+        Some((a, b)) => Ok(SlotRange {
+            start: parse(a)?,
+            end: parse(b)?,
+        }),
+        None => {
+            let n = parse(s)?;
+            Ok(SlotRange { start: n, end: n })
+        }
+    }
+}
+
+fn ranges_text(ranges: &[SlotRange]) -> String {
+    ranges
+        .iter()
+        .map(|r| {
+            if r.start == r.end {
+                r.start.to_string()
+            } else {
+                format!("{}-{}", r.start, r.end)
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+fn name_of(name: &str, prefix: &str) -> String {
+    name.strip_prefix(prefix).unwrap_or(name).to_owned()
+}
+
+pub async fn run(args: AdminArgs) -> u8 {
+    let url = endpoint_url(&args.endpoint);
+    let endpoint = match Endpoint::from_shared(url.clone()) {
+        Ok(e) => e
+            .connect_timeout(CONNECT_TIMEOUT)
+            .timeout(ADMIN_CALL_TIMEOUT),
+        Err(e) => {
+            eprintln!("error: invalid endpoint {url:?}: {e}");
+            return EXIT_USAGE;
+        }
+    };
+    let channel = match endpoint.connect().await {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("error: cannot connect to {url}: {e}");
+            return EXIT_UNAVAILABLE;
+        }
+    };
+    let mut admin = AdminServiceClient::new(channel);
+    let result = match args.command {
+        AdminCommand::Nodes => admin.list_nodes(ListNodesRequest {}).await.map(|r| {
+            let r = r.into_inner();
+            let nodes: Vec<Object> = r
+                .nodes
+                .iter()
+                .map(|n| {
+                    let state = NodeState::try_from(n.state).unwrap_or(NodeState::Unspecified);
+                    Object::new()
+                        .with("node_id", n.node_id)
+                        .with("address", n.address.clone())
+                        .with("state", name_of(state.as_str_name(), "NODE_STATE_"))
+                        .with("replicas", n.replica_count)
+                        .with("leaders", n.leader_count)
+                })
+                .collect();
+            (
+                Object::new()
+                    .with("ok", true)
+                    .with("map_version", r.map_version)
+                    .with("nodes", nodes.clone()),
+                table(&nodes),
+            )
+        }),
+        AdminCommand::Shards { shards } => admin
+            .list_shards(ListShardsRequest { shard_ids: shards })
+            .await
+            .map(|r| {
+                let r = r.into_inner();
+                let shards: Vec<Object> = r
+                    .shards
+                    .iter()
+                    .map(|s| {
+                        let role = |want: ReplicaRole| {
+                            s.replicas
+                                .iter()
+                                .filter(|x| x.role == want as i32)
+                                .map(|x| x.node_id.to_string())
+                                .collect::<Vec<_>>()
+                                .join(",")
+                        };
+                        Object::new()
+                            .with("shard_id", s.shard_id)
+                            .with("epoch", s.epoch)
+                            .with("leader", s.leader_node_id)
+                            .with("voters", role(ReplicaRole::Voter))
+                            .with("learners", role(ReplicaRole::Learner))
+                            .with("slots", ranges_text(&s.slot_ranges))
+                            .with("held", s.held_locks)
+                            .with("waiters", s.waiters)
+                    })
+                    .collect();
+                (
+                    Object::new()
+                        .with("ok", true)
+                        .with("map_version", r.map_version)
+                        .with("migration_id", r.migration_id)
+                        .with("shards", shards.clone()),
+                    table(&shards),
+                )
+            }),
+        AdminCommand::TransferLeader { shard, to } => admin
+            .transfer_leader(TransferLeaderRequest {
+                shard_id: shard,
+                to_node_id: to,
+            })
+            .await
+            .map(|r| {
+                single(
+                    Object::new()
+                        .with("ok", true)
+                        .with("shard_id", shard)
+                        .with("leader", r.into_inner().leader_node_id),
+                )
+            }),
+        AdminCommand::MoveReplica { shard, from, to } => admin
+            .move_replica(MoveReplicaRequest {
+                shard_id: shard,
+                from_node_id: from,
+                to_node_id: to,
+            })
+            .await
+            .map(|r| {
+                single(
+                    Object::new()
+                        .with("ok", true)
+                        .with("shard_id", shard)
+                        .with("from", from)
+                        .with("to", to)
+                        .with("map_version", r.into_inner().map_version),
+                )
+            }),
+        AdminCommand::Balance => admin.balance(BalanceRequest {}).await.map(|r| {
+            let r = r.into_inner();
+            single(
+                Object::new()
+                    .with("ok", true)
+                    .with("replicas_moved", r.replicas_moved)
+                    .with("leaders_moved", r.leaders_moved)
+                    .with("map_version", r.map_version),
+            )
+        }),
+        AdminCommand::Drain { node } => admin
+            .drain_node(DrainNodeRequest { node_id: node })
+            .await
+            .map(|r| {
+                let r = r.into_inner();
+                single(
+                    Object::new()
+                        .with("ok", true)
+                        .with("node_id", node)
+                        .with("replicas_moved", r.replicas_moved)
+                        .with("leaders_moved", r.leaders_moved)
+                        .with("map_version", r.map_version),
+                )
+            }),
+        AdminCommand::AddNode { id, addr } => admin
+            .add_node(AddNodeRequest {
+                address: addr.clone(),
+                node_id: id,
+            })
+            .await
+            .map(|r| {
+                single(
+                    Object::new()
+                        .with("ok", true)
+                        .with("node_id", id)
+                        .with("address", addr)
+                        .with("map_version", r.into_inner().map_version),
+                )
+            }),
+        AdminCommand::Reshard(cmd) => {
+            let action = match cmd {
+                ReshardCommand::Move { from, to, slots } => {
+                    reshard_request::Action::MoveSlots(MoveSlots {
+                        from_shard_id: from,
+                        to_shard_id: to,
+                        slots,
+                    })
+                }
+                ReshardCommand::Split { shard, at } => {
+                    reshard_request::Action::SplitShard(SplitShard {
+                        shard_id: shard,
+                        split_at_slot: at,
+                    })
+                }
+                ReshardCommand::Resume => reshard_request::Action::Resume(ResumeMigration {}),
+            };
+            admin
+                .reshard(ReshardRequest {
+                    action: Some(action),
+                })
+                .await
+                .map(|r| {
+                    let r = r.into_inner();
+                    single(
+                        Object::new()
+                            .with("ok", true)
+                            .with("migration_id", r.migration_id)
+                            .with("new_shard_id", r.new_shard_id)
+                            .with("epoch", r.epoch)
+                            .with("resources_moved", r.resources_moved)
+                            .with("map_version", r.map_version),
+                    )
+                })
+        }
+    };
+    match result {
+        Ok((object, human)) => {
+            match args.output {
+                Output::Json => println!("{}", object.render()),
+                Output::Human => print!("{human}"),
+            }
+            EXIT_OK
+        }
+        Err(status) => {
+            let detail = fencelock_api::v1::ErrorDetail::from_status(&status);
+            let reason = detail
+                .as_ref()
+                .map(|d| name_of(d.reason().as_str_name(), "REASON_"))
+                .unwrap_or_else(|| format!("{:?}", status.code()));
+            let message = detail
+                .map(|d| d.message)
+                .unwrap_or_else(|| status.message().to_owned());
+            eprintln!("error: {reason}: {message}");
+            if args.output == Output::Json {
+                println!(
+                    "{}",
+                    Object::new()
+                        .with("ok", false)
+                        .with("reason", reason)
+                        .with("message", message)
+                        .render()
+                );
+            }
+            exit_code(&status)
+        }
+    }
+}
+
+/// One object: JSON as is, human as `key value` lines.
+fn single(object: Object) -> (Object, String) {
+    let mut human = String::new();
+    for (key, value) in object.fields() {
+        if *key != "ok" {
+            human.push_str(&format!("{key:<16} {value}\n"));
+        }
+    }
+    (object, human)
+}
+
+/// Rows as an aligned table, headed by the first row's keys.
+fn table(rows: &[Object]) -> String {
+    let Some(first) = rows.first() else {
+        return "(none)\n".to_owned();
+    };
+    let keys: Vec<&str> = first.fields().iter().map(|(k, _)| *k).collect();
+    let cells: Vec<Vec<String>> = rows
+        .iter()
+        .map(|r| r.fields().iter().map(|(_, v)| v.to_string()).collect())
+        .collect();
+    let widths: Vec<usize> = keys
+        .iter()
+        .enumerate()
+        .map(|(i, k)| {
+            cells
+                .iter()
+                .map(|row| row.get(i).map_or(0, |c| c.len()))
+                .max()
+                .unwrap_or(0)
+                .max(k.len())
+        })
+        .collect();
+    let line = |items: Vec<&str>| {
+        let mut out = String::new();
+        for (i, item) in items.iter().enumerate() {
+            out.push_str(&format!("{item:<width$}  ", width = widths[i]));
+        }
+        out.trim_end().to_owned() + "\n"
+    };
+    let mut out = line(keys.clone());
+    for row in &cells {
+        out.push_str(&line(row.iter().map(String::as_str).collect()));
+    }
+    out
+}

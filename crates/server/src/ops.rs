@@ -1,0 +1,751 @@
+//! Operator actions: the orchestration behind `fencelock admin`.
+//!
+//! Runs on whichever node received the admin call and drives the cluster
+//! through [`NodeControl`](crate::control) calls to the nodes involved.
+//! Each step observes the cluster first and does only what is missing
+//! (neon's reconciler idea, in miniature): a replica move checks the shard's
+//! current voters and learners before each membership change, a migration is
+//! recorded in the placement map before it starts and every shard-side step
+//! is idempotent by migration id. An interrupted action is finished by
+//! running it again.
+//!
+//! What to move where comes from the pure planner in `fencelock-placement`;
+//! this module only executes.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use fencelock_api::v1::{ErrorDetail, Reason};
+use fencelock_placement::{
+    plan_balance, plan_drain, Action, ClusterView, Migration, NodeState, PlacementCommand,
+    PlacementMap, META_SHARD_ID,
+};
+use fencelock_statemachine::{Command, SlotSet};
+use tonic::transport::Channel;
+use tonic::Status;
+
+use crate::errors::ServerError;
+use crate::internal::node_control_client::NodeControlClient;
+use crate::internal::{
+    ChangeMembershipRequest, CreatePeerRequest, DestroyPeerRequest, GetMapRequest,
+    MembershipChangeKind, NodeStatus, ProposeMetaRequest, ProposeMetaResponse, ProposeShardRequest,
+    ReplicaStatus, StatusRequest, TransferLeaderRequest,
+};
+use crate::peers::PeerChannels;
+use crate::router::Router;
+
+/// How long one step (finding a leader, a proposal, a catch-up, a leader
+/// transfer) may take before the action fails with what it has done.
+const STEP_TIMEOUT: Duration = Duration::from_secs(30);
+/// How often a waiting step looks at the cluster again. Operator actions
+/// wait on other nodes' progress, which they can only observe by asking.
+const POLL_INTERVAL: Duration = Duration::from_millis(50);
+/// A status call to a node that does not answer in this long counts it as
+/// down for planning.
+const STATUS_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// What one executed plan did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Moved {
+    pub replicas: u32,
+    pub leaders: u32,
+}
+
+/// The result of a finished migration.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Resharded {
+    pub migration_id: u64,
+    pub epoch: u64,
+    pub resources: u32,
+    pub new_shard_id: u64,
+}
+
+#[derive(Clone)]
+pub struct Ops {
+    router: Arc<Router>,
+    peers: Arc<PeerChannels>,
+    clock_offset_allowance_ms: u64,
+}
+
+fn timeout_err(what: impl std::fmt::Display) -> Status {
+    ServerError::Routing(format!("{what} did not complete within {STEP_TIMEOUT:?}")).into()
+}
+
+/// Whether a failed step may simply be tried again (leadership moving, a
+/// node restarting, a queue full).
+fn retriable(status: &Status) -> bool {
+    match ErrorDetail::from_status(status).map(|d| d.reason()) {
+        Some(
+            Reason::NotLeader
+            | Reason::LeaderUnknown
+            | Reason::LeaderNotReady
+            | Reason::NoQuorum
+            | Reason::ServerBusy
+            | Reason::ShuttingDown
+            | Reason::ShardNotFound,
+        ) => true,
+        Some(_) => false,
+        None => matches!(
+            status.code(),
+            tonic::Code::Unavailable | tonic::Code::DeadlineExceeded | tonic::Code::Cancelled
+        ),
+    }
+}
+
+impl Ops {
+    pub fn new(
+        router: Arc<Router>,
+        peers: Arc<PeerChannels>,
+        clock_offset_allowance_ms: u64,
+    ) -> Ops {
+        Ops {
+            router,
+            peers,
+            clock_offset_allowance_ms,
+        }
+    }
+
+    fn control(&self, node_id: u64) -> Result<NodeControlClient<Channel>, Status> {
+        let addr = self.router.node_addr(node_id).ok_or_else(|| {
+            Status::from(ServerError::Placement(
+                fencelock_placement::PlacementError::UnknownNode { node_id },
+            ))
+        })?;
+        Ok(NodeControlClient::new(self.peers.channel(&addr)?))
+    }
+
+    /// The status of `node_id`, or `None` when it does not answer in time.
+    pub async fn node_status(&self, node_id: u64) -> Option<NodeStatus> {
+        let mut client = self.control(node_id).ok()?;
+        let call = client.status(StatusRequest {});
+        match tokio::time::timeout(STATUS_TIMEOUT, call).await {
+            Ok(Ok(resp)) => Some(resp.into_inner()),
+            _ => None,
+        }
+    }
+
+    /// The newest placement map any reachable node knows (installed in this
+    /// node's router too).
+    pub async fn fresh_map(&self) -> Result<Arc<PlacementMap>, Status> {
+        for (node_id, _) in self.router.all_nodes() {
+            let Ok(mut client) = self.control(node_id) else {
+                continue;
+            };
+            let call = client.get_map(GetMapRequest {});
+            if let Ok(Ok(resp)) = tokio::time::timeout(STATUS_TIMEOUT, call).await {
+                let snap = resp.into_inner();
+                if snap.version > self.router.map_version() {
+                    if let Ok(map) = PlacementMap::restore(&snap.map) {
+                        self.router.offer_map(map);
+                    }
+                }
+            }
+        }
+        self.router
+            .map()
+            .ok_or_else(|| ServerError::LeaderUnknown { shard_id: 0 }.into())
+    }
+
+    /// Every member's status, by node id (absent: did not answer).
+    pub async fn statuses(&self, map: &PlacementMap) -> BTreeMap<u64, NodeStatus> {
+        let calls = map.nodes().map(|n| {
+            let node_id = n.node_id;
+            async move { (node_id, self.node_status(node_id).await) }
+        });
+        let mut out = BTreeMap::new();
+        for (node_id, status) in join_all(calls).await {
+            if let Some(s) = status {
+                out.insert(node_id, s);
+            }
+        }
+        out
+    }
+
+    /// The serving leader of `shard_id` and its replica status, waiting for
+    /// an election if there is none.
+    pub async fn leader(&self, shard_id: u64) -> Result<(u64, ReplicaStatus), Status> {
+        let deadline = Instant::now() + STEP_TIMEOUT;
+        loop {
+            let map = self.router.map();
+            let mut candidates = self.router.candidates(shard_id);
+            if let Some(map) = &map {
+                candidates.extend(map.nodes().map(|n| n.node_id));
+            }
+            let mut seen = BTreeSet::new();
+            for node_id in candidates {
+                if !seen.insert(node_id) {
+                    continue;
+                }
+                let Some(status) = self.node_status(node_id).await else {
+                    continue;
+                };
+                if let Some(r) = status
+                    .replicas
+                    .iter()
+                    .find(|r| r.shard_id == shard_id && r.is_leader)
+                {
+                    self.router.note_leader(shard_id, node_id);
+                    return Ok((node_id, r.clone()));
+                }
+            }
+            if Instant::now() >= deadline {
+                return Err(timeout_err(format!(
+                    "finding the leader of shard {shard_id}"
+                )));
+            }
+            tokio::time::sleep(POLL_INTERVAL).await;
+        }
+    }
+
+    /// Runs `call` against the leader of `shard_id`, retrying while
+    /// leadership moves.
+    async fn at_leader<T, F, Fut>(&self, shard_id: u64, call: F) -> Result<T, Status>
+    where
+        F: Fn(NodeControlClient<Channel>) -> Fut,
+        Fut: Future<Output = Result<T, Status>>,
+    {
+        let deadline = Instant::now() + STEP_TIMEOUT;
+        loop {
+            let (leader, _) = self.leader(shard_id).await?;
+            match call(self.control(leader)?).await {
+                Ok(v) => return Ok(v),
+                Err(e) if retriable(&e) && Instant::now() < deadline => {
+                    tokio::time::sleep(POLL_INTERVAL).await;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Proposes a placement command to the meta shard. Not retried on an
+    /// unknown outcome: the caller decides from the map what happened.
+    pub async fn propose_meta(
+        &self,
+        command: PlacementCommand,
+    ) -> Result<ProposeMetaResponse, Status> {
+        let bytes = command.encode();
+        let resp = self
+            .at_leader(META_SHARD_ID, |mut c| {
+                let bytes = bytes.clone();
+                async move {
+                    c.propose_meta(ProposeMetaRequest { command: bytes })
+                        .await
+                        .map(|r| r.into_inner())
+                }
+            })
+            .await?;
+        if let Ok(map) = PlacementMap::restore(&resp.map) {
+            self.router.offer_map(map);
+        }
+        Ok(resp)
+    }
+
+    async fn propose_shard(
+        &self,
+        shard_id: u64,
+        command: Command,
+    ) -> Result<crate::internal::ProposeShardResponse, Status> {
+        let bytes = command.encode();
+        self.at_leader(shard_id, |mut c| {
+            let command = bytes.clone();
+            async move {
+                c.propose_shard(ProposeShardRequest { shard_id, command })
+                    .await
+                    .map(|r| r.into_inner())
+            }
+        })
+        .await
+    }
+
+    /// Applies one membership change at the shard's leader and waits until
+    /// the leader's published status shows it (status is published once per
+    /// Raft tick, so a step right after the change could read the old one).
+    async fn change_membership(
+        &self,
+        shard_id: u64,
+        change: MembershipChangeKind,
+        node_id: u64,
+    ) -> Result<ReplicaStatus, Status> {
+        self.at_leader(shard_id, |mut c| async move {
+            c.change_membership(ChangeMembershipRequest {
+                shard_id,
+                change: change as i32,
+                node_id,
+            })
+            .await
+            .map(|_| ())
+        })
+        .await?;
+        let done = |s: &ReplicaStatus| match change {
+            MembershipChangeKind::AddLearner => s.learners.contains(&node_id),
+            MembershipChangeKind::AddVoter => s.voters.contains(&node_id),
+            _ => !s.voters.contains(&node_id) && !s.learners.contains(&node_id),
+        };
+        let deadline = Instant::now() + STEP_TIMEOUT;
+        loop {
+            let (_, status) = self.leader(shard_id).await?;
+            if done(&status) {
+                return Ok(status);
+            }
+            if Instant::now() >= deadline {
+                return Err(timeout_err(format!(
+                    "membership change {change:?} of node {node_id} in shard {shard_id}"
+                )));
+            }
+            tokio::time::sleep(POLL_INTERVAL).await;
+        }
+    }
+
+    /// Moves leadership of `shard_id` to `to` and waits until it serves.
+    pub async fn transfer_leader(&self, shard_id: u64, to: u64) -> Result<u64, Status> {
+        let deadline = Instant::now() + STEP_TIMEOUT;
+        loop {
+            let (leader, status) = self.leader(shard_id).await?;
+            if leader == to {
+                return Ok(to);
+            }
+            if !status.voters.contains(&to) {
+                return Err(ServerError::Placement(
+                    fencelock_placement::PlacementError::NotAReplica {
+                        shard_id,
+                        node_id: to,
+                    },
+                )
+                .into());
+            }
+            let mut c = self.control(leader)?;
+            let _ = c
+                .transfer_leader(TransferLeaderRequest {
+                    shard_id,
+                    to_node_id: to,
+                })
+                .await;
+            // A transfer completes within an election timeout or is
+            // abandoned by raft; ask again until the deadline.
+            let until = Instant::now() + Duration::from_secs(2);
+            while Instant::now() < until {
+                tokio::time::sleep(POLL_INTERVAL).await;
+                if let Some(s) = self.node_status(to).await {
+                    if s.replicas
+                        .iter()
+                        .any(|r| r.shard_id == shard_id && r.is_leader)
+                    {
+                        self.router.note_leader(shard_id, to);
+                        return Ok(to);
+                    }
+                }
+            }
+            if Instant::now() >= deadline {
+                return Err(timeout_err(format!(
+                    "moving leadership of shard {shard_id} to node {to}"
+                )));
+            }
+        }
+    }
+
+    /// Moves the replica of `shard_id` on `from` to `to`: learner, catch
+    /// up, promote, leadership away from `from`, remove, destroy, record.
+    pub async fn move_replica(&self, shard_id: u64, from: u64, to: u64) -> Result<u64, Status> {
+        let map = self.fresh_map().await?;
+        if map.shard(shard_id).is_none() {
+            return Err(ServerError::Placement(
+                fencelock_placement::PlacementError::UnknownShard { shard_id },
+            )
+            .into());
+        }
+        match map.node(to) {
+            Some(n) if n.state == NodeState::Up => {}
+            Some(n) => {
+                return Err(ServerError::Placement(
+                    fencelock_placement::PlacementError::NodeNotUp {
+                        node_id: to,
+                        state: n.state,
+                    },
+                )
+                .into())
+            }
+            None => {
+                return Err(ServerError::Placement(
+                    fencelock_placement::PlacementError::UnknownNode { node_id: to },
+                )
+                .into())
+            }
+        }
+        let (_, status) = self.leader(shard_id).await?;
+        let is_member =
+            |s: &ReplicaStatus, n: u64| s.voters.contains(&n) || s.learners.contains(&n);
+        if !is_member(&status, from) && !status.voters.contains(&to) {
+            return Err(
+                ServerError::Placement(fencelock_placement::PlacementError::NotAReplica {
+                    shard_id,
+                    node_id: from,
+                })
+                .into(),
+            );
+        }
+        if from == to {
+            return Ok(map.version());
+        }
+        // 1. A learner on `to`.
+        if !is_member(&status, to) {
+            let mut c = self.control(to)?;
+            c.create_peer(CreatePeerRequest {
+                shard_id,
+                ..Default::default()
+            })
+            .await?;
+            self.change_membership(shard_id, MembershipChangeKind::AddLearner, to)
+                .await?;
+        }
+        // 2. Caught up: applied what the leader had committed.
+        let (_, status) = self.leader(shard_id).await?;
+        if !status.voters.contains(&to) {
+            let target = status.commit_index;
+            let deadline = Instant::now() + STEP_TIMEOUT;
+            loop {
+                let applied = self
+                    .node_status(to)
+                    .await
+                    .and_then(|s| s.replicas.into_iter().find(|r| r.shard_id == shard_id))
+                    .map(|r| r.applied_index)
+                    .unwrap_or(0);
+                if applied >= target {
+                    break;
+                }
+                if Instant::now() >= deadline {
+                    return Err(timeout_err(format!(
+                        "catching up shard {shard_id} on node {to} (applied {applied} of {target})"
+                    )));
+                }
+                tokio::time::sleep(POLL_INTERVAL).await;
+            }
+            // 3. Promote.
+            self.change_membership(shard_id, MembershipChangeKind::AddVoter, to)
+                .await?;
+        }
+        // 4. Leadership off `from`.
+        let (leader, status) = self.leader(shard_id).await?;
+        if leader == from {
+            self.transfer_leader(shard_id, to).await?;
+        }
+        // 5. Remove `from`.
+        if is_member(&status, from) {
+            self.change_membership(shard_id, MembershipChangeKind::Remove, from)
+                .await?;
+        }
+        // 6. Its data goes: the leader no longer lists `from` (step 5 waited
+        // for that). A node that is down keeps an inert copy; it holds no
+        // vote in the shard any more.
+        if let Ok(mut c) = self.control(from) {
+            let _ = c
+                .destroy_peer(DestroyPeerRequest {
+                    shard_id,
+                    removed_from_shard: true,
+                })
+                .await;
+        }
+        // 7. Record what the shard's configuration now is.
+        let (_, status) = self.leader(shard_id).await?;
+        let mut replicas: BTreeSet<u64> = status.voters.iter().copied().collect();
+        // The status may lag the removal by a tick; the removal is done.
+        replicas.remove(&from);
+        replicas.insert(to);
+        let resp = self
+            .propose_meta(PlacementCommand::SetReplicas { shard_id, replicas })
+            .await?;
+        Ok(map_version(&resp))
+    }
+
+    /// Leaders of every shard, as observed now.
+    async fn observed(&self, map: &PlacementMap) -> (BTreeMap<u64, u64>, BTreeSet<u64>) {
+        let statuses = self.statuses(map).await;
+        let mut leaders = BTreeMap::new();
+        for (node_id, st) in &statuses {
+            for r in &st.replicas {
+                if r.is_leader {
+                    leaders.insert(r.shard_id, *node_id);
+                }
+            }
+        }
+        let down = map
+            .nodes()
+            .map(|n| n.node_id)
+            .filter(|n| !statuses.contains_key(n))
+            .collect();
+        (leaders, down)
+    }
+
+    async fn view(&self) -> Result<ClusterView, Status> {
+        let map = self.fresh_map().await?;
+        let (leaders, down) = self.observed(&map).await;
+        let mut view = ClusterView::from_map(&map, &leaders);
+        view.down = down;
+        Ok(view)
+    }
+
+    async fn execute(&self, plan: Vec<Action>) -> Result<Moved, Status> {
+        let mut moved = Moved::default();
+        for action in plan {
+            match action {
+                Action::MoveReplica { shard_id, from, to } => {
+                    self.move_replica(shard_id, from, to).await?;
+                    moved.replicas += 1;
+                }
+                Action::TransferLeader { shard_id, to } => {
+                    self.transfer_leader(shard_id, to).await?;
+                    moved.leaders += 1;
+                }
+            }
+        }
+        Ok(moved)
+    }
+
+    /// Balances replicas, then leaderships, over the Up nodes.
+    pub async fn balance(&self) -> Result<Moved, Status> {
+        let view = self.view().await?;
+        self.execute(plan_balance(&view)).await
+    }
+
+    /// Empties `node_id` of replicas and leaderships.
+    pub async fn drain(&self, node_id: u64) -> Result<Moved, Status> {
+        self.propose_meta(PlacementCommand::SetNodeState {
+            node_id,
+            state: NodeState::Draining,
+        })
+        .await?;
+        let view = self.view().await?;
+        let plan = plan_drain(&view, node_id).map_err(ServerError::Placement)?;
+        let moved = self.execute(plan).await?;
+        self.propose_meta(PlacementCommand::SetNodeState {
+            node_id,
+            state: NodeState::Drained,
+        })
+        .await?;
+        Ok(moved)
+    }
+
+    /// Moves `slots` from shard `from` to shard `to` (after finishing any
+    /// migration left in progress).
+    pub async fn move_slots(
+        &self,
+        from: u64,
+        to: u64,
+        slots: Vec<u32>,
+    ) -> Result<Resharded, Status> {
+        let map = self.fresh_map().await?;
+        if let Some(m) = map.migration().cloned() {
+            let done = self.run_migration(&m).await?;
+            if m.from_shard == from && m.to_shard == to && m.slots == slots {
+                return Ok(done);
+            }
+        }
+        let begun = self
+            .propose_meta(PlacementCommand::BeginMigration {
+                from_shard: from,
+                to_shard: to,
+                slots: slots.clone(),
+            })
+            .await?;
+        let migration = Migration {
+            id: begun.migration_id,
+            from_shard: from,
+            to_shard: to,
+            slots,
+            epoch: begun.epoch,
+        };
+        self.run_migration(&migration).await
+    }
+
+    /// Finishes the migration in progress, if any.
+    pub async fn resume(&self) -> Result<Option<Resharded>, Status> {
+        let map = self.fresh_map().await?;
+        match map.migration().cloned() {
+            Some(m) => Ok(Some(self.run_migration(&m).await?)),
+            None => Ok(None),
+        }
+    }
+
+    /// Export from the source, import into the target (new epoch), commit
+    /// in the map, drop the source's export. Every step is idempotent.
+    async fn run_migration(&self, m: &Migration) -> Result<Resharded, Status> {
+        let slots: SlotSet = m.slots.iter().copied().collect();
+        let exported = self
+            .propose_shard(
+                m.from_shard,
+                Command::ExportSlots {
+                    migration_id: m.id,
+                    slots,
+                },
+            )
+            .await;
+        let exported = match exported {
+            Ok(e) => e,
+            Err(e) if !retriable(&e) => {
+                // Nothing left the source (a refused export changes
+                // nothing): forget the migration.
+                let _ = self
+                    .propose_meta(PlacementCommand::AbortMigration { migration_id: m.id })
+                    .await;
+                return Err(e);
+            }
+            Err(e) => return Err(e),
+        };
+        let imported = self
+            .propose_shard(
+                m.to_shard,
+                Command::ImportSlots {
+                    migration_id: m.id,
+                    epoch: m.epoch,
+                    slots,
+                    data: exported.data.clone(),
+                    clock_offset_allowance_ms: self.clock_offset_allowance_ms,
+                },
+            )
+            .await;
+        if let Err(e) = imported {
+            if retriable(&e) {
+                return Err(e);
+            }
+            // The target refused for good (full, say): give the slots back
+            // to the source, in a fresh epoch of its own.
+            return Err(self.roll_back(m, slots, exported.data, e).await);
+        }
+        self.propose_meta(PlacementCommand::CommitMigration { migration_id: m.id })
+            .await?;
+        self.propose_shard(m.from_shard, Command::DropExport { migration_id: m.id })
+            .await?;
+        Ok(Resharded {
+            migration_id: m.id,
+            epoch: m.epoch,
+            resources: exported.resources,
+            new_shard_id: 0,
+        })
+    }
+
+    async fn roll_back(
+        &self,
+        m: &Migration,
+        slots: SlotSet,
+        data: Vec<u8>,
+        cause: Status,
+    ) -> Status {
+        let result = async {
+            self.propose_meta(PlacementCommand::AbortMigration { migration_id: m.id })
+                .await?;
+            let advanced = self
+                .propose_meta(PlacementCommand::AdvanceEpoch {
+                    shard_id: m.from_shard,
+                })
+                .await?;
+            self.propose_shard(
+                m.from_shard,
+                Command::ImportSlots {
+                    migration_id: m.id,
+                    epoch: advanced.epoch,
+                    slots,
+                    data,
+                    clock_offset_allowance_ms: self.clock_offset_allowance_ms,
+                },
+            )
+            .await?;
+            self.propose_shard(m.from_shard, Command::DropExport { migration_id: m.id })
+                .await
+        }
+        .await;
+        match result {
+            Ok(_) => cause,
+            Err(e) => Status::internal(format!(
+                "import failed ({cause}) and giving the slots back failed too ({e}); \
+                 run `fencelock admin reshard resume` once the cause is fixed"
+            )),
+        }
+    }
+
+    /// Splits `shard_id`: a new shard on the same nodes takes its slots from
+    /// `at_slot` on (0: the upper half).
+    pub async fn split(&self, shard_id: u64, at_slot: u32) -> Result<Resharded, Status> {
+        let map = self.fresh_map().await?;
+        let Some(shard) = map.shard(shard_id).cloned() else {
+            return Err(ServerError::Placement(
+                fencelock_placement::PlacementError::UnknownShard { shard_id },
+            )
+            .into());
+        };
+        let owned = map.slots_of(shard_id);
+        let at = if at_slot == 0 {
+            owned.get(owned.len() / 2).copied().unwrap_or(0)
+        } else {
+            at_slot
+        };
+        let upper: Vec<u32> = owned.iter().copied().filter(|&s| s >= at).collect();
+        if upper.is_empty() || upper.len() == owned.len() {
+            return Err(ServerError::InvalidArgument {
+                field: "split_at_slot",
+                reason: format!(
+                    "shard {shard_id} must own slots on both sides of slot {at} (it owns {} slots)",
+                    owned.len()
+                ),
+            }
+            .into());
+        }
+        let created = self
+            .propose_meta(PlacementCommand::CreateShard {
+                replicas: shard.replicas.clone(),
+            })
+            .await?;
+        let new_shard = created.shard_id;
+        for node_id in &shard.replicas {
+            let mut c = self.control(*node_id)?;
+            c.create_peer(CreatePeerRequest {
+                shard_id: new_shard,
+                new_shard_voters: shard.replicas.iter().copied().collect(),
+                epoch: created.epoch,
+            })
+            .await?;
+        }
+        self.leader(new_shard).await?;
+        let mut done = self.move_slots(shard_id, new_shard, upper).await?;
+        done.new_shard_id = new_shard;
+        Ok(done)
+    }
+
+    /// Records a new, running, empty node in the map.
+    pub async fn add_node(&self, node_id: u64, addr: String) -> Result<u64, Status> {
+        let resp = self
+            .propose_meta(PlacementCommand::AddNode { node_id, addr })
+            .await?;
+        Ok(map_version(&resp))
+    }
+}
+
+fn map_version(resp: &ProposeMetaResponse) -> u64 {
+    PlacementMap::restore(&resp.map)
+        .map(|m| m.version())
+        .unwrap_or(0)
+}
+
+/// Awaits every future concurrently, keeping their order.
+pub async fn join_all<F: Future>(futures: impl IntoIterator<Item = F>) -> Vec<F::Output> {
+    let handles: Vec<_> = futures.into_iter().map(Box::pin).collect();
+    let mut outputs: Vec<Option<F::Output>> = (0..handles.len()).map(|_| None).collect();
+    let mut pending: Vec<(usize, std::pin::Pin<Box<F>>)> =
+        handles.into_iter().enumerate().collect();
+    std::future::poll_fn(|cx| {
+        pending.retain_mut(|(i, fut)| match fut.as_mut().poll(cx) {
+            std::task::Poll::Ready(out) => {
+                outputs[*i] = Some(out);
+                false
+            }
+            std::task::Poll::Pending => true,
+        });
+        if pending.is_empty() {
+            std::task::Poll::Ready(())
+        } else {
+            std::task::Poll::Pending
+        }
+    })
+    .await;
+    outputs.into_iter().map(|o| o.expect("ready")).collect()
+}

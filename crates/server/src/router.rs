@@ -1,0 +1,146 @@
+//! What this node knows about where things are: the placement map (the
+//! resource → slot → shard table, shard replicas, node addresses) and the
+//! last leader seen per shard.
+//!
+//! The map is *intent* written through the meta shard's Raft log; this node
+//! holds the newest version it has seen — applied by its own meta replica,
+//! or fetched from a peer when it has none. Leaders are *observed*: from this
+//! node's own replicas and from NOT_LEADER hints. Routing by a stale map is
+//! safe: every shard checks slot ownership when it applies a command and
+//! refuses slots it does not serve, so a stale route costs a retry, never a
+//! wrong grant.
+
+use std::collections::HashMap;
+use std::sync::{Arc, RwLock};
+
+use fencelock_placement::PlacementMap;
+use fencelock_statemachine::{slot_of, ResourceName};
+
+use crate::errors::{LeaderInfo, ServerError};
+
+#[derive(Default)]
+struct RouteState {
+    map: Option<Arc<PlacementMap>>,
+    /// shard id → node id of its last known leader.
+    leaders: HashMap<u64, u64>,
+    /// Addresses of the initial members (from the configuration), for
+    /// before the map is known.
+    seed_addrs: HashMap<u64, String>,
+}
+
+/// Shared between the store loop (which publishes) and the services (which
+/// read). Reads take a read lock for a few field lookups.
+#[derive(Default)]
+pub struct Router {
+    state: RwLock<RouteState>,
+}
+
+impl Router {
+    pub fn new(seed_addrs: impl IntoIterator<Item = (u64, String)>) -> Router {
+        Router {
+            state: RwLock::new(RouteState {
+                seed_addrs: seed_addrs.into_iter().collect(),
+                ..Default::default()
+            }),
+        }
+    }
+
+    /// Installs `map` if it is newer than the one held. Returns whether it
+    /// was installed.
+    pub fn offer_map(&self, map: PlacementMap) -> bool {
+        let mut st = self.state.write().expect("router lock");
+        if st
+            .map
+            .as_ref()
+            .is_some_and(|m| m.version() >= map.version())
+        {
+            return false;
+        }
+        st.map = Some(Arc::new(map));
+        true
+    }
+
+    /// The newest map this node knows, if any.
+    pub fn map(&self) -> Option<Arc<PlacementMap>> {
+        self.state.read().expect("router lock").map.clone()
+    }
+
+    pub fn map_version(&self) -> u64 {
+        self.map().map(|m| m.version()).unwrap_or(0)
+    }
+
+    /// The shard serving `resource` according to the newest known map.
+    pub fn shard_of(&self, resource: &ResourceName) -> Result<u64, ServerError> {
+        match self.map() {
+            Some(map) => Ok(map.shard_of_slot(slot_of(resource))),
+            // A node that joined and has not fetched the map yet.
+            None => Err(ServerError::LeaderUnknown { shard_id: 0 }),
+        }
+    }
+
+    pub fn note_leader(&self, shard_id: u64, node_id: u64) {
+        if node_id == 0 {
+            return;
+        }
+        let mut st = self.state.write().expect("router lock");
+        if st.leaders.get(&shard_id) != Some(&node_id) {
+            st.leaders.insert(shard_id, node_id);
+        }
+    }
+
+    pub fn leader_of(&self, shard_id: u64) -> Option<u64> {
+        self.state
+            .read()
+            .expect("router lock")
+            .leaders
+            .get(&shard_id)
+            .copied()
+    }
+
+    /// The advertised address of `node_id`: from the map, else from the
+    /// configured initial members.
+    pub fn node_addr(&self, node_id: u64) -> Option<String> {
+        let st = self.state.read().expect("router lock");
+        st.map
+            .as_ref()
+            .and_then(|m| m.node(node_id).map(|n| n.addr.clone()))
+            .or_else(|| st.seed_addrs.get(&node_id).cloned())
+    }
+
+    /// A leader hint for `node_id`, if its address is known.
+    pub fn leader_info(&self, node_id: u64) -> Option<LeaderInfo> {
+        self.node_addr(node_id)
+            .map(|addr| LeaderInfo { node_id, addr })
+    }
+
+    /// Nodes to try for `shard_id`, best first: the last known leader, then
+    /// the shard's replicas in the map.
+    pub fn candidates(&self, shard_id: u64) -> Vec<u64> {
+        let st = self.state.read().expect("router lock");
+        let mut out: Vec<u64> = st.leaders.get(&shard_id).copied().into_iter().collect();
+        if let Some(shard) = st.map.as_ref().and_then(|m| m.shard(shard_id)) {
+            for n in &shard.replicas {
+                if !out.contains(n) {
+                    out.push(*n);
+                }
+            }
+        }
+        out
+    }
+
+    /// Every node address known (map first, then seeds).
+    pub fn all_nodes(&self) -> Vec<(u64, String)> {
+        let st = self.state.read().expect("router lock");
+        let mut out: Vec<(u64, String)> = match &st.map {
+            Some(m) => m.nodes().map(|n| (n.node_id, n.addr.clone())).collect(),
+            None => Vec::new(),
+        };
+        for (id, addr) in &st.seed_addrs {
+            if !out.iter().any(|(i, _)| i == id) {
+                out.push((*id, addr.clone()));
+            }
+        }
+        out.sort();
+        out
+    }
+}

@@ -1,0 +1,298 @@
+//! `fencelock lock <resource> -- <command>` as a real process against an
+//! in-process three-node cluster: the command gets the token, the lease is
+//! released when it exits, and it is stopped when the lock is lost.
+
+mod common;
+
+use std::path::Path;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use common::*;
+use fencelock_client::{Client, ClientConfig};
+use tokio::process::Command;
+
+/// Exit code of `fencelock lock` when the lock was lost (see `lock --help`).
+const EXIT_LOCK_LOST: i32 = 5;
+const EXIT_LOCK: i32 = 1;
+
+fn endpoints(cluster: &Cluster) -> String {
+    cluster
+        .nodes
+        .keys()
+        .map(|id| cluster.configs[id].listen_addr.clone())
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// `fencelock <args...>` with no endpoint from the test's environment.
+fn fencelock(args: &[&str]) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_fencelock"));
+    command
+        .args(args)
+        .env_remove("FENCELOCK_ENDPOINT")
+        .env_remove("FENCELOCK_ENDPOINTS")
+        .stdin(Stdio::null())
+        .kill_on_drop(true);
+    command
+}
+
+/// `fencelock lock <resource> <flags...> -- sh -c <script>`.
+fn lock(cluster: &Cluster, resource: &str, flags: &[&str], script: &str) -> Command {
+    let endpoints = endpoints(cluster);
+    let mut args = vec!["lock", resource, "--endpoints", &endpoints];
+    args.extend_from_slice(flags);
+    args.extend_from_slice(&["--", "sh", "-c", script]);
+    fencelock(&args)
+}
+
+async fn wait_for_file(path: &Path, within: Duration) -> String {
+    let deadline = Instant::now() + within;
+    loop {
+        if let Ok(text) = std::fs::read_to_string(path) {
+            if text.ends_with('\n') {
+                return text;
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{} did not appear",
+            path.display()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// True while a process with this pid exists.
+fn alive(pid: &str) -> bool {
+    std::process::Command::new("kill")
+        .args(["-0", pid])
+        .stderr(Stdio::null())
+        .status()
+        .unwrap()
+        .success()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_command_gets_the_token_and_its_exit_code_and_the_lease_is_released() {
+    let cluster = Cluster::start(3, |_| {}).await;
+    let dir = tempfile::tempdir().unwrap();
+    let env_file = dir.path().join("env");
+    let script = format!(
+        "echo \"$FENCELOCK_TOKEN $FENCELOCK_RESOURCE $FENCELOCK_LEASE_ID\" > {}; exit 7",
+        env_file.display()
+    );
+    let r = "acme/cli/runs";
+    let output = lock(&cluster, r, &["--ttl-ms", "2000"], &script)
+        .output()
+        .await
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(7), "{stderr}");
+    assert!(stderr.contains("acquired acme/cli/runs"), "{stderr}");
+
+    let env = std::fs::read_to_string(&env_file).unwrap();
+    let fields: Vec<&str> = env.split_whitespace().collect();
+    assert_eq!(fields.len(), 3, "{env:?}");
+    let token: i64 = fields[0].parse().unwrap();
+    assert_eq!(fields[1], r);
+    assert_eq!(fields[2].len(), 32, "lease id in hex");
+    assert!(token > 0);
+    let g = get(&cluster, 1, r).await.unwrap();
+    assert!(!g.held, "released after the command exited");
+    // The next holder gets a higher token.
+    let client = Client::connect(
+        cluster
+            .nodes
+            .keys()
+            .map(|id| cluster.endpoint(*id))
+            .collect(),
+        ClientConfig::default(),
+    )
+    .await
+    .unwrap();
+    let next = client.acquire(r, 5_000, 0).await.unwrap();
+    assert!(next.token() > token);
+    next.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_command_is_stopped_when_its_lease_is_released_from_under_it() {
+    let cluster = Cluster::start(3, |_| {}).await;
+    let dir = tempfile::tempdir().unwrap();
+    let env_file = dir.path().join("env");
+    let stopped_file = dir.path().join("stopped");
+    let script = format!(
+        "trap 'echo stopped > {stopped}; exit 0' TERM; \
+         echo \"$FENCELOCK_LEASE_ID\" > {env}; \
+         while true; do sleep 0.05; done",
+        stopped = stopped_file.display(),
+        env = env_file.display()
+    );
+    let r = "acme/cli/revoked";
+    let child = lock(&cluster, r, &["--ttl-ms", "3000"], &script)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let lease_id = wait_for_file(&env_file, Duration::from_secs(15)).await;
+
+    // Someone with the lease id releases it: the next renewal is refused.
+    let release = fencelock(&[
+        "release",
+        r,
+        lease_id.trim(),
+        "--endpoint",
+        &cluster.endpoint(2),
+    ])
+    .output()
+    .await
+    .unwrap();
+    assert!(release.status.success(), "{:?}", release);
+    let released_at = Instant::now();
+
+    let output = tokio::time::timeout(Duration::from_secs(10), child.wait_with_output())
+        .await
+        .expect("fencelock lock exits")
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(EXIT_LOCK_LOST), "{stderr}");
+    assert!(stderr.contains("LOCK_LOST"), "{stderr}");
+    // Stopped at the next renewal (a third of the TTL), not at expiry.
+    assert!(released_at.elapsed() < Duration::from_millis(2_500));
+    assert_eq!(std::fs::read_to_string(&stopped_file).unwrap(), "stopped\n");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_command_that_ignores_sigterm_is_killed_with_everything_it_started() {
+    let mut cluster = Cluster::start(3, |_| {}).await;
+    let dir = tempfile::tempdir().unwrap();
+    let pid_file = dir.path().join("pids");
+    // The shell ignores SIGTERM and starts a background sleeper, which must
+    // die too: it is in the command's process group.
+    let script = format!(
+        "trap '' TERM; sleep 300 & echo \"$$ $!\" > {}; while true; do sleep 0.05; done",
+        pid_file.display()
+    );
+    let r = "acme/cli/stubborn";
+    let child = lock(
+        &cluster,
+        r,
+        &["--ttl-ms", "2000", "--grace-ms", "500", "--output", "json"],
+        &script,
+    )
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped())
+    .spawn()
+    .unwrap();
+    let pids = wait_for_file(&pid_file, Duration::from_secs(15)).await;
+    let pids: Vec<String> = pids.split_whitespace().map(str::to_owned).collect();
+    assert!(pids.iter().all(|p| alive(p)));
+
+    // The whole cluster goes away: no renewal can be confirmed, so the lock
+    // is lost at the stop-by deadline.
+    for id in [1, 2, 3] {
+        cluster.crash(id).await;
+    }
+    let output = tokio::time::timeout(Duration::from_secs(10), child.wait_with_output())
+        .await
+        .expect("fencelock lock exits")
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(EXIT_LOCK_LOST), "{stderr}");
+    assert!(stderr.contains("sending SIGKILL"), "{stderr}");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let last = stdout.lines().last().unwrap();
+    assert!(last.contains(r#""event":"exited""#), "{stdout}");
+    assert!(last.contains(r#""lock_lost":true"#), "{stdout}");
+    assert!(
+        last.contains(r#""lost_reason":"RENEWAL_UNCONFIRMED""#),
+        "{stdout}"
+    );
+    assert!(last.contains(r#""command_signal":9"#), "{stdout}");
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while pids.iter().any(|p| alive(p)) {
+        assert!(Instant::now() < deadline, "{pids:?} still running");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_held_lock_fails_with_exit_1_and_the_command_never_runs() {
+    let cluster = Cluster::start(3, |_| {}).await;
+    let r = "acme/cli/busy";
+    let client = Client::connect(
+        cluster
+            .nodes
+            .keys()
+            .map(|id| cluster.endpoint(*id))
+            .collect(),
+        ClientConfig::default(),
+    )
+    .await
+    .unwrap();
+    let holder = client.acquire(r, 30_000, 0).await.unwrap();
+
+    let dir = tempfile::tempdir().unwrap();
+    let ran = dir.path().join("ran");
+    let output = lock(
+        &cluster,
+        r,
+        &["--output", "json"],
+        &format!("touch {}", ran.display()),
+    )
+    .output()
+    .await
+    .unwrap();
+    assert_eq!(output.status.code(), Some(EXIT_LOCK));
+    assert!(!ran.exists(), "the command ran without the lock");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(stdout.contains(r#""reason":"LOCK_HELD""#), "{stdout}");
+    holder.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn json_output_frames_the_commands_output_with_acquired_and_exited() {
+    let cluster = Cluster::start(3, |_| {}).await;
+    let r = "acme/cli/json";
+    let output = lock(
+        &cluster,
+        r,
+        &["--output", "json", "--wait-ms", "1000"],
+        "echo from-the-command",
+    )
+    .output()
+    .await
+    .unwrap();
+    assert_eq!(output.status.code(), Some(0));
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines.len(), 3, "{stdout}");
+    assert!(lines[0].starts_with(
+        r#"{"ok":true,"event":"acquired","resource":"acme/cli/json","fencing_token":"#
+    ));
+    assert_eq!(lines[1], "from-the-command");
+    assert!(lines[2].contains(r#""event":"exited""#), "{stdout}");
+    assert!(lines[2].contains(r#""exit_code":0"#), "{stdout}");
+    assert!(lines[2].contains(r#""released":true"#), "{stdout}");
+    assert!(!stdout.contains("lease_id"), "the lease id is a secret");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_missing_command_exits_127_and_releases_the_lock() {
+    let cluster = Cluster::start(3, |_| {}).await;
+    let endpoints = endpoints(&cluster);
+    let r = "acme/cli/missing";
+    let output = fencelock(&[
+        "lock",
+        r,
+        "--endpoints",
+        &endpoints,
+        "--",
+        "/nonexistent/fencelock-test-command",
+    ])
+    .output()
+    .await
+    .unwrap();
+    assert_eq!(output.status.code(), Some(127));
+    assert!(!get(&cluster, 1, r).await.unwrap().held);
+}

@@ -1,0 +1,260 @@
+//! Moving the lock state of some slots from one shard to another.
+//!
+//! Resharding is three commands, each applied through its shard's own log:
+//!
+//! 1. `ExportSlots` on the source: from this entry on the source refuses
+//!    every request for those slots (`WrongShard`), and their records and
+//!    dedup entries leave the table for an export kept in the replicated
+//!    state, so whichever replica leads next can hand it over again.
+//! 2. `ImportSlots` on the target: the export enters the table unchanged —
+//!    holders keep their lease ids, tokens and expiries (plus the clock
+//!    allowance a leader change gives), waiters keep their order — and the
+//!    target moves to a fresh epoch above every epoch handed out before, so
+//!    the next token it mints for any moved resource is above every token
+//!    the source minted for it.
+//! 3. `DropExport` on the source once the target has applied the import.
+//!
+//! Between 1 and 2 nobody serves the slots (requests are refused with a
+//! retry hint); that window is what makes "one owner at a time" hold
+//! without any clock. Both sides are idempotent by migration id.
+
+use crate::codec::{decode_export, encode_export, Export};
+use crate::error::LockError;
+use crate::limits::{MAX_CLOCK_OFFSET_ALLOWANCE_MS, MAX_MIGRATION_DATA_BYTES, MAX_PENDING_EXPORTS};
+use crate::machine::{DedupEntry, DedupKey, LockTable, PendingExport, Record};
+use crate::name::ResourceName;
+use crate::slots::{slot_of, SlotSet};
+use crate::token::{FencingToken, MAX_EPOCH};
+use crate::types::{ApplyContext, Event, Reply};
+
+impl LockTable {
+    pub(crate) fn export_slots(
+        &mut self,
+        migration_id: u64,
+        slots: &SlotSet,
+        events: &mut Vec<Event>,
+    ) -> Result<Reply, LockError> {
+        if let Some(done) = self.exports.get(&migration_id) {
+            if done.slots != *slots {
+                return Err(refused(format!(
+                    "migration {migration_id} already exported other slots {}",
+                    done.slots
+                )));
+            }
+            return Ok(Reply::Exported {
+                data: done.data.clone(),
+                resources: done.resources,
+            });
+        }
+        if migration_id == 0 || slots.is_empty() {
+            return Err(LockError::InvalidCommand {
+                reason: "export needs a migration id and at least one slot",
+            });
+        }
+        if !slots.is_subset(&self.owned) {
+            return Err(refused(format!(
+                "slots {} are not served by this shard",
+                slots.difference(&self.owned)
+            )));
+        }
+        if self.exports.len() >= MAX_PENDING_EXPORTS {
+            return Err(refused(format!(
+                "{MAX_PENDING_EXPORTS} exports are still waiting for their targets"
+            )));
+        }
+        let moving = |name: &ResourceName| slots.contains(slot_of(name));
+        let records: Vec<(ResourceName, Record)> = self
+            .records
+            .iter()
+            .filter(|(name, _)| moving(name))
+            .map(|(n, r)| (n.clone(), r.clone()))
+            .collect();
+        let dedup: Vec<(DedupKey, DedupEntry)> = self
+            .dedup
+            .iter()
+            .filter(|(key, _)| moving(&key.resource))
+            .map(|(k, e)| (k.clone(), e.clone()))
+            .collect();
+        let max_token = records
+            .iter()
+            .map(|(_, r)| r.holder.token)
+            .chain(dedup.iter().filter_map(|(_, e)| e.state.token()))
+            .max()
+            .unwrap_or(FencingToken::NONE);
+        let export = Export {
+            max_token,
+            records,
+            dedup,
+        };
+        let data = encode_export(&export);
+        // Refuse before changing anything: a refused command changes nothing.
+        if data.len() > MAX_MIGRATION_DATA_BYTES {
+            return Err(refused(format!(
+                "the slots hold {} bytes of lock state, more than one migration may carry \
+                 ({MAX_MIGRATION_DATA_BYTES}); move fewer slots at a time",
+                data.len()
+            )));
+        }
+        for (name, record) in &export.records {
+            self.remove_record_indexed(name);
+            for waiter in &record.waiters {
+                events.push(Event::WaitMoved {
+                    resource: name.clone(),
+                    lease_id: waiter.lease_id,
+                });
+            }
+        }
+        for (key, _) in &export.dedup {
+            self.remove_dedup_indexed(key);
+        }
+        self.owned = self.owned.difference(slots);
+        let resources = export.records.len() as u32;
+        self.exports.insert(
+            migration_id,
+            PendingExport {
+                slots: *slots,
+                data: data.clone(),
+                resources,
+            },
+        );
+        debug_assert!(self.exports.len() <= MAX_PENDING_EXPORTS);
+        Ok(Reply::Exported { data, resources })
+    }
+
+    pub(crate) fn import_slots(
+        &mut self,
+        migration_id: u64,
+        epoch: u64,
+        slots: &SlotSet,
+        data: &[u8],
+        allowance_ms: u64,
+        ctx: &ApplyContext,
+    ) -> Result<Reply, LockError> {
+        if migration_id != 0 && migration_id <= self.last_imported_migration {
+            return Ok(Reply::Imported { resources: 0 });
+        }
+        if migration_id == 0 || slots.is_empty() || allowance_ms > MAX_CLOCK_OFFSET_ALLOWANCE_MS {
+            return Err(LockError::InvalidCommand {
+                reason: "import needs a migration id, slots and a sane allowance",
+            });
+        }
+        if epoch == 0 || epoch > MAX_EPOCH {
+            return Err(LockError::InvalidCommand {
+                reason: "import epoch out of range",
+            });
+        }
+        if epoch <= self.epoch {
+            return Err(LockError::StaleEpoch {
+                entry_epoch: epoch,
+                current_epoch: self.epoch,
+            });
+        }
+        if !slots.is_disjoint(&self.owned) {
+            return Err(refused(format!(
+                "slots {} are already served by this shard",
+                slots.difference(&slots.difference(&self.owned))
+            )));
+        }
+        let export = decode_export(data).map_err(|e| refused(format!("export: {e}")))?;
+        let outside = export
+            .records
+            .iter()
+            .map(|(n, _)| n)
+            .chain(export.dedup.iter().map(|(k, _)| &k.resource))
+            .find(|n| !slots.contains(slot_of(n)));
+        if let Some(name) = outside {
+            return Err(refused(format!("export holds {name}, outside the slots")));
+        }
+        if export.max_token.epoch() >= epoch {
+            return Err(refused(format!(
+                "export holds token {} from an epoch not below {epoch}",
+                export.max_token
+            )));
+        }
+        if self.records.len() + export.records.len() > self.limits.max_records as usize
+            || self.dedup.len() + export.dedup.len() > self.limits.max_dedup_entries as usize
+        {
+            return Err(refused(
+                "the target shard has no room for the moved state".into(),
+            ));
+        }
+        let resources = export.records.len() as u32;
+        for (name, mut record) in export.records {
+            // The target's leader clock may run ahead of the source's: the
+            // same allowance a new leader gives, bounded by the stamp.
+            let holder = &mut record.holder;
+            holder.expires_at_ms = holder
+                .expires_at_ms
+                .max(holder.stamped_expires_at_ms + allowance_ms);
+            let inserted = self.insert_record_indexed(name, record);
+            debug_assert!(inserted, "slots were disjoint, so names are new");
+        }
+        for (key, entry) in export.dedup {
+            let inserted = self.insert_dedup_indexed(key, entry);
+            debug_assert!(inserted, "slots were disjoint, so keys are new");
+        }
+        self.owned = self.owned.union(slots);
+        self.max_token = self.max_token.max(export.max_token);
+        // A new epoch starts at this entry (position 1), as in `advance`.
+        self.epoch = epoch;
+        self.epoch_base_index = ctx.index - 1;
+        self.last_position = 0;
+        self.last_imported_migration = migration_id;
+        debug_assert!(self.max_token.epoch() < self.epoch);
+        Ok(Reply::Imported { resources })
+    }
+
+    /// Inserts a record with its index entries; false if the name exists.
+    pub(crate) fn insert_record_indexed(&mut self, name: ResourceName, record: Record) -> bool {
+        if self.records.contains_key(&name) {
+            return false;
+        }
+        for waiter in &record.waiters {
+            self.wait_index
+                .insert((waiter.wait_deadline_ms, name.clone(), waiter.lease_id));
+            *self
+                .tenant_waiters
+                .entry(name.tenant().to_owned())
+                .or_default() += 1;
+        }
+        self.expiry_index
+            .insert((record.holder.expires_at_ms, name.clone()));
+        self.records.insert(name, record);
+        true
+    }
+
+    fn remove_record_indexed(&mut self, name: &ResourceName) {
+        let record = self.records.remove(name).expect("caller listed it");
+        let removed = self
+            .expiry_index
+            .remove(&(record.holder.expires_at_ms, name.clone()));
+        debug_assert!(removed);
+        for waiter in &record.waiters {
+            self.unindex_waiter(name, waiter);
+        }
+    }
+
+    /// Inserts a dedup entry with its index entry; false if the key exists.
+    pub(crate) fn insert_dedup_indexed(&mut self, key: DedupKey, entry: DedupEntry) -> bool {
+        if self.dedup.contains_key(&key) {
+            return false;
+        }
+        if let Some(at) = entry.state.forget_at_ms() {
+            self.forget_index.insert((at, key.clone()));
+        }
+        self.dedup.insert(key, entry);
+        true
+    }
+
+    fn remove_dedup_indexed(&mut self, key: &DedupKey) {
+        let entry = self.dedup.remove(key).expect("caller listed it");
+        if let Some(at) = entry.state.forget_at_ms() {
+            let removed = self.forget_index.remove(&(at, key.clone()));
+            debug_assert!(removed);
+        }
+    }
+}
+
+fn refused(reason: String) -> LockError {
+    LockError::MigrationRefused { reason }
+}

@@ -1,0 +1,403 @@
+//! Resharding at the state-machine level: slots and their lock state move
+//! from one table to another through `ExportSlots` / `ImportSlots`.
+
+use fencelock_statemachine::*;
+use proptest::prelude::*;
+
+const T0: u64 = 1_700_000_000_000;
+
+/// One shard replica driven by hand. The epoch passed in every context is
+/// the table's own (what the server does), so `ImportSlots` moves it.
+struct Shard {
+    table: LockTable,
+    index: u64,
+    now_ms: u64,
+}
+
+impl Shard {
+    fn new(epoch: u64, slots: SlotSet) -> Shard {
+        let mut s = Shard {
+            table: LockTable::with_slots(Limits::default(), slots).unwrap(),
+            index: 0,
+            now_ms: T0,
+        };
+        s.apply_at_epoch(
+            Command::LeaderChanged {
+                clock_offset_allowance_ms: 0,
+            },
+            epoch,
+        )
+        .reply
+        .unwrap();
+        s
+    }
+
+    fn apply_at_epoch(&mut self, c: Command, epoch: u64) -> Outcome {
+        self.index += 1;
+        let ctx = ApplyContext {
+            index: self.index,
+            term: 1,
+            epoch,
+            now_ms: self.now_ms,
+        };
+        self.table.apply(&c, &ctx)
+    }
+
+    fn apply_full(&mut self, c: Command) -> Outcome {
+        let epoch = self.table.epoch();
+        self.apply_at_epoch(c, epoch)
+    }
+
+    fn apply(&mut self, c: Command) -> Result<Reply, LockError> {
+        self.apply_full(c).reply
+    }
+
+    fn acquire(
+        &mut self,
+        res: &ResourceName,
+        req: &str,
+        lease: u8,
+        wait_ms: u64,
+    ) -> Result<AcquireReply, LockError> {
+        match self.apply(Command::Acquire {
+            resource: res.clone(),
+            request_id: RequestId::new(req.as_bytes().to_vec()).unwrap(),
+            lease_id: LeaseId([lease; 16]),
+            lease_ttl_ms: 10_000,
+            wait_timeout_ms: wait_ms,
+        })? {
+            Reply::Acquire(a) => Ok(a),
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+
+    fn export(&mut self, id: u64, slots: SlotSet) -> Result<Vec<u8>, LockError> {
+        match self.apply(Command::ExportSlots {
+            migration_id: id,
+            slots,
+        })? {
+            Reply::Exported { data, .. } => Ok(data),
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+
+    fn import(
+        &mut self,
+        id: u64,
+        epoch: u64,
+        slots: SlotSet,
+        data: Vec<u8>,
+    ) -> Result<Reply, LockError> {
+        self.apply(Command::ImportSlots {
+            migration_id: id,
+            epoch,
+            slots,
+            data,
+            clock_offset_allowance_ms: 500,
+        })
+    }
+}
+
+fn name(s: &str) -> ResourceName {
+    ResourceName::parse(s).unwrap()
+}
+
+fn token_of(a: &AcquireReply) -> FencingToken {
+    match a.status {
+        AcquireStatus::Held { token, .. } => token,
+        other => panic!("not held: {other:?}"),
+    }
+}
+
+fn only(slot: u32) -> SlotSet {
+    [slot].into_iter().collect()
+}
+
+/// Source owns every slot at epoch 1; the target owns none at epoch 2.
+fn pair() -> (Shard, Shard) {
+    (
+        Shard::new(1, SlotSet::full()),
+        Shard::new(2, SlotSet::EMPTY),
+    )
+}
+
+#[test]
+fn held_lock_moves_with_its_lease_and_the_next_grant_gets_a_higher_epoch() {
+    let (mut src, mut dst) = pair();
+    let r = name("acme/jobs/a");
+    let held = src.acquire(&r, "q1", 1, 0).unwrap();
+    let t1 = token_of(&held);
+    let data = src.export(7, only(slot_of(&r))).unwrap();
+
+    // The source no longer serves the slot: a stale route is refused.
+    let err = src.acquire(&r, "q2", 2, 0).unwrap_err();
+    assert!(matches!(err, LockError::WrongShard { .. }), "{err:?}");
+    // The target does not serve it before the import either.
+    assert!(matches!(
+        dst.acquire(&r, "q2", 2, 0).unwrap_err(),
+        LockError::WrongShard { .. }
+    ));
+
+    dst.import(7, 3, only(slot_of(&r)), data).unwrap();
+    assert_eq!(dst.table.epoch(), 3);
+    // The holder keeps its lease there: renew and release by lease id work.
+    dst.apply(Command::Renew {
+        resource: r.clone(),
+        lease_id: LeaseId([1; 16]),
+        lease_ttl_ms: 10_000,
+    })
+    .unwrap();
+    assert_eq!(dst.table.view(&r).unwrap().token, t1);
+    dst.apply(Command::Release {
+        resource: r.clone(),
+        lease_id: LeaseId([1; 16]),
+    })
+    .unwrap();
+    let next = dst.acquire(&r, "q3", 3, 0).unwrap();
+    let t2 = token_of(&next);
+    assert!(t2 > t1 && t2.epoch() == 3, "{t1} then {t2}");
+}
+
+#[test]
+fn retried_acquire_after_a_move_finds_the_same_lease() {
+    let (mut src, mut dst) = pair();
+    let r = name("acme/jobs/b");
+    let first = src.acquire(&r, "retry-me", 4, 0).unwrap();
+    let data = src.export(1, only(slot_of(&r))).unwrap();
+    dst.import(1, 9, only(slot_of(&r)), data).unwrap();
+    let again = dst.acquire(&r, "retry-me", 5, 0).unwrap();
+    assert!(again.deduplicated);
+    assert_eq!(again.lease_id, first.lease_id);
+    assert_eq!(token_of(&again), token_of(&first));
+}
+
+#[test]
+fn waiters_move_in_order_and_are_told_their_wait_moved() {
+    let (mut src, mut dst) = pair();
+    let r = name("acme/jobs/c");
+    src.acquire(&r, "h", 1, 0).unwrap();
+    src.acquire(&r, "w1", 2, 60_000).unwrap();
+    src.acquire(&r, "w2", 3, 60_000).unwrap();
+    let out = src.apply_full(Command::ExportSlots {
+        migration_id: 1,
+        slots: only(slot_of(&r)),
+    });
+    let moved: Vec<LeaseId> = out
+        .events
+        .iter()
+        .filter_map(|e| match e {
+            Event::WaitMoved { lease_id, .. } => Some(*lease_id),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(moved, vec![LeaseId([2; 16]), LeaseId([3; 16])]);
+    assert_eq!(src.table.waiter_count(), 0);
+    let Ok(Reply::Exported { data, resources }) = out.reply else {
+        panic!("{:?}", out.reply)
+    };
+    assert_eq!(resources, 1);
+    dst.import(1, 5, only(slot_of(&r)), data).unwrap();
+    assert_eq!(dst.table.waiter_count(), 2);
+    let out = dst.apply_full(Command::Release {
+        resource: r.clone(),
+        lease_id: LeaseId([1; 16]),
+    });
+    let granted: Vec<(LeaseId, FencingToken)> = out
+        .events
+        .iter()
+        .filter_map(|e| match e {
+            Event::Granted {
+                lease_id, token, ..
+            } => Some((*lease_id, *token)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(granted.len(), 1);
+    assert_eq!(
+        granted[0].0,
+        LeaseId([2; 16]),
+        "FIFO order survives the move"
+    );
+    assert_eq!(granted[0].1.epoch(), 5);
+}
+
+#[test]
+fn export_and_import_are_idempotent_by_migration_id() {
+    let (mut src, mut dst) = pair();
+    let r = name("acme/jobs/d");
+    src.acquire(&r, "h", 1, 0).unwrap();
+    let a = src.export(3, only(slot_of(&r))).unwrap();
+    let b = src.export(3, only(slot_of(&r))).unwrap();
+    assert_eq!(a, b, "a new leader asking again gets the same export");
+    assert!(src.export(3, only(slot_of(&r) ^ 1)).is_err());
+    dst.import(3, 4, only(slot_of(&r)), a.clone()).unwrap();
+    let before = dst.table.snapshot();
+    assert_eq!(
+        dst.import(3, 4, only(slot_of(&r)), a).unwrap(),
+        Reply::Imported { resources: 0 }
+    );
+    // Only the position moved (a new entry was applied); the lock state is
+    // unchanged.
+    assert_eq!(dst.table.held_count(), 1);
+    assert_eq!(LockTable::restore(&before).unwrap().held_count(), 1);
+    assert_eq!(
+        src.apply(Command::DropExport { migration_id: 3 }).unwrap(),
+        Reply::ExportDropped { existed: true }
+    );
+    assert!(src.table.pending_exports().is_empty());
+}
+
+#[test]
+fn imports_that_would_break_token_order_or_ownership_are_refused_and_change_nothing() {
+    let (mut src, mut dst) = pair();
+    let r = name("acme/jobs/e");
+    src.acquire(&r, "h", 1, 0).unwrap();
+    let slot = slot_of(&r);
+    let data = src.export(1, only(slot)).unwrap();
+    let before = dst.table.clone();
+    // Not above the target's epoch.
+    let err = dst.import(1, 2, only(slot), data.clone()).unwrap_err();
+    assert!(matches!(err, LockError::StaleEpoch { .. }), "{err:?}");
+    // An epoch below the target's (the source's own, here).
+    let err = dst.import(1, 1, only(slot), data.clone()).unwrap_err();
+    assert!(matches!(err, LockError::StaleEpoch { .. }), "{err:?}");
+    // Data outside the slots.
+    let err = dst.import(1, 6, only(slot ^ 1), data.clone()).unwrap_err();
+    assert!(matches!(err, LockError::MigrationRefused { .. }), "{err:?}");
+    // Garbage.
+    let err = dst.import(1, 6, only(slot), vec![1, 2, 3]).unwrap_err();
+    assert!(matches!(err, LockError::MigrationRefused { .. }), "{err:?}");
+    let after = dst.table.clone();
+    // The refused entries still advanced the applied index; compare the rest.
+    assert_eq!(after.owned_slots(), before.owned_slots());
+    assert_eq!(after.epoch(), before.epoch());
+    assert_eq!(after.held_count(), 0);
+    // Slots the source does not own cannot be exported.
+    let err = src.export(2, only(slot)).unwrap_err();
+    assert!(matches!(err, LockError::MigrationRefused { .. }), "{err:?}");
+    after.check_invariants().unwrap();
+}
+
+#[test]
+fn snapshots_carry_ownership_and_pending_exports() {
+    let (mut src, _) = pair();
+    let r = name("acme/jobs/f");
+    src.acquire(&r, "h", 1, 0).unwrap();
+    src.export(1, only(slot_of(&r))).unwrap();
+    let bytes = src.table.snapshot();
+    let restored = LockTable::restore(&bytes).unwrap();
+    assert_eq!(restored.snapshot(), bytes);
+    assert!(!restored.owns(&r));
+    assert_eq!(restored.pending_exports(), vec![1]);
+    assert_eq!(restored.owned_slots().len(), SLOT_COUNT - 1);
+}
+
+/// One step of a random history over two shards.
+#[derive(Clone, Debug)]
+enum Op {
+    Acquire {
+        shard: usize,
+        res: usize,
+        wait: bool,
+    },
+    Release {
+        shard: usize,
+        res: usize,
+    },
+    Move {
+        res: usize,
+    },
+    Advance {
+        ms: u64,
+    },
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        4 => (0..2usize, 0..6usize, any::<bool>()).prop_map(|(shard, res, wait)| Op::Acquire { shard, res, wait }),
+        3 => (0..2usize, 0..6usize).prop_map(|(shard, res)| Op::Release { shard, res }),
+        1 => (0..6usize).prop_map(|res| Op::Move { res }),
+        1 => (1..20_000u64).prop_map(|ms| Op::Advance { ms }),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    /// Whatever routes requests and however slots move back and forth, a
+    /// resource has at most one holder across both shards and its tokens
+    /// strictly increase.
+    #[test]
+    fn tokens_rise_and_holders_stay_single_across_random_moves(ops in proptest::collection::vec(op(), 1..120)) {
+        let names: Vec<ResourceName> = (0..6).map(|i| name(&format!("acme/r{i}"))).collect();
+        let mut shards = [Shard::new(1, SlotSet::full()), Shard::new(2, SlotSet::EMPTY)];
+        let mut next_epoch = 3u64;
+        let mut next_migration = 1u64;
+        let mut highest: std::collections::BTreeMap<usize, FencingToken> = Default::default();
+        let mut holder: std::collections::BTreeMap<usize, LeaseId> = Default::default();
+        let mut lease = 0u8;
+        for op in ops {
+            let mut events = Vec::new();
+            match op {
+                Op::Acquire { shard, res, wait } => {
+                    lease = lease.wrapping_add(1);
+                    let out = shards[shard].apply_full(Command::Acquire {
+                        resource: names[res].clone(),
+                        request_id: RequestId::new(vec![lease]).unwrap(),
+                        lease_id: LeaseId([lease; 16]),
+                        lease_ttl_ms: 5_000,
+                        wait_timeout_ms: if wait { 30_000 } else { 0 },
+                    });
+                    events = out.events;
+                }
+                Op::Release { shard, res } => {
+                    if let Some(l) = holder.get(&res) {
+                        let out = shards[shard].apply_full(Command::Release { resource: names[res].clone(), lease_id: *l });
+                        events = out.events;
+                    }
+                }
+                Op::Move { res } => {
+                    let slot = slot_of(&names[res]);
+                    let (from, to) = if shards[0].table.owns(&names[res]) { (0, 1) } else { (1, 0) };
+                    let id = next_migration;
+                    next_migration += 1;
+                    let out = shards[from].apply_full(Command::ExportSlots { migration_id: id, slots: only(slot) });
+                    let Ok(Reply::Exported { data, .. }) = out.reply else { panic!("{:?}", out.reply) };
+                    shards[to].import(id, next_epoch, only(slot), data).unwrap();
+                    next_epoch += 1;
+                    shards[from].apply(Command::DropExport { migration_id: id }).unwrap();
+                }
+                Op::Advance { ms } => {
+                    for s in shards.iter_mut() {
+                        s.now_ms += ms;
+                        events.extend(s.apply_full(Command::Tick).events);
+                    }
+                }
+            }
+            for e in events {
+                match e {
+                    Event::Granted { resource, lease_id, token, .. } => {
+                        let res = names.iter().position(|n| *n == resource).unwrap();
+                        prop_assert!(!holder.contains_key(&res), "two holders of {}", resource);
+                        let prev = highest.get(&res).copied().unwrap_or(FencingToken::NONE);
+                        prop_assert!(token > prev, "token {} after {} on {}", token, prev, resource);
+                        highest.insert(res, token);
+                        holder.insert(res, lease_id);
+                    }
+                    Event::LeaseEnded { resource, .. } => {
+                        let res = names.iter().position(|n| *n == resource).unwrap();
+                        holder.remove(&res);
+                    }
+                    _ => {}
+                }
+            }
+            for s in &shards {
+                s.table.check_invariants().map_err(TestCaseError::fail)?;
+            }
+            // Every slot of these resources is served by exactly one shard.
+            for n in &names {
+                prop_assert!(shards[0].table.owns(n) != shards[1].table.owns(n));
+            }
+        }
+    }
+}
