@@ -452,31 +452,37 @@ impl Inner {
                 AttemptLimit::Bounded => remaining.min(self.config.attempt_timeout()),
                 AttemptLimit::UntilDeadline => remaining,
             };
-            let channel = self.router.channel(&url)?;
-            let sent_at = Instant::now();
-            first_sent_at.get_or_insert(sent_at);
-            attempts += 1;
-            let outcome = tokio::time::timeout(
-                attempt_timeout,
-                rpc(LockServiceClient::new(channel), attempt_timeout),
-            )
-            .await;
-            let status = match outcome {
-                Ok(Ok(response)) => {
-                    return Ok(Answer {
-                        value: response.into_inner(),
-                        first_sent_at: first_sent_at.unwrap_or(sent_at),
-                        last_sent_at: sent_at,
-                        url,
-                    })
+            let status = match self.router.channel(&url) {
+                // Seeds were checked up front, so this is a hinted address
+                // that is not a URI: a failed attempt, tried elsewhere.
+                Err(e) => tonic::Status::unavailable(e.to_string()),
+                Ok(channel) => {
+                    let sent_at = Instant::now();
+                    first_sent_at.get_or_insert(sent_at);
+                    attempts += 1;
+                    let outcome = tokio::time::timeout(
+                        attempt_timeout,
+                        rpc(LockServiceClient::new(channel), attempt_timeout),
+                    )
+                    .await;
+                    match outcome {
+                        Ok(Ok(response)) => {
+                            return Ok(Answer {
+                                value: response.into_inner(),
+                                first_sent_at: first_sent_at.unwrap_or(sent_at),
+                                last_sent_at: sent_at,
+                                url,
+                            })
+                        }
+                        Ok(Err(status)) => status,
+                        // The timeout dropped the call, which cancels it on
+                        // the server.
+                        Err(_) => tonic::Status::deadline_exceeded(format!(
+                            "no answer from {url} within {} ms",
+                            attempt_timeout.as_millis()
+                        )),
+                    }
                 }
-                Ok(Err(status)) => status,
-                // The timeout dropped the call, which cancels it on the
-                // server.
-                Err(_) => tonic::Status::deadline_exceeded(format!(
-                    "no answer from {url} within {} ms",
-                    attempt_timeout.as_millis()
-                )),
             };
             let failure = classify(&status);
             let is_final = failure

@@ -44,8 +44,10 @@ impl PlacementMap {
     /// The deterministic initial map: every node `Up`; the meta shard (epoch
     /// 0) and data shards `1..=shard_count` (shard `n` at epoch `n`), each
     /// on `min(nodes, replication_factor)` nodes taken in id order starting
-    /// at position `shard_id % nodes`; slot `s` owned by shard
-    /// `s % shard_count + 1`, which is how clusters without a map route.
+    /// at position `shard_id % nodes`; the slots split into `shard_count`
+    /// contiguous ranges in order (slot `s` owned by shard
+    /// `s * shard_count / SLOT_COUNT + 1`), so that operators can name them
+    /// as ranges.
     pub fn bootstrap(
         nodes: &[(u64, String)],
         shard_count: u32,
@@ -75,7 +77,7 @@ impl PlacementMap {
             nodes: BTreeMap::new(),
             shards: BTreeMap::new(),
             slot_owners: (0..SLOT_COUNT)
-                .map(|slot| u64::from(slot % shard_count) + 1)
+                .map(|slot| bootstrap_shard_of(slot, shard_count))
                 .collect(),
             migration: None,
         };
@@ -526,4 +528,11 @@ pub(crate) fn check_addr(addr: &str) -> Result<(), PlacementError> {
         return Ok(());
     };
     Err(PlacementError::InvalidAddr { len_bytes, reason })
+}
+
+/// The data shard that owns `slot` in a freshly bootstrapped map: the slot
+/// space cut into `shard_count` contiguous ranges of (nearly) equal size.
+pub fn bootstrap_shard_of(slot: u32, shard_count: u32) -> u64 {
+    debug_assert!(slot < SLOT_COUNT && shard_count >= 1);
+    (u64::from(slot) * u64::from(shard_count) / u64::from(SLOT_COUNT)) + 1
 }

@@ -35,11 +35,21 @@ fn refused(map: &mut PlacementMap, cmd: PlacementCommand) -> PlacementError {
 }
 
 #[test]
-fn bootstrap_gives_slot_s_to_shard_s_mod_n_plus_one() {
+fn bootstrap_cuts_the_slots_into_one_contiguous_range_per_shard() {
     for shard_count in [1u32, 2, 3, 7, 8, 64, 1000, MAX_BOOTSTRAP_SHARDS] {
         let map = PlacementMap::bootstrap(&nodes(3), shard_count, 3).unwrap();
         for slot in 0..SLOT_COUNT {
-            assert_eq!(map.shard_of_slot(slot), u64::from(slot % shard_count) + 1);
+            assert_eq!(
+                map.shard_of_slot(slot),
+                u64::from(slot) * u64::from(shard_count) / 1024 + 1
+            );
+        }
+        for shard in 1..=u64::from(shard_count) {
+            assert_eq!(
+                map.slot_ranges_of(shard).len(),
+                1,
+                "shard {shard} of {shard_count}"
+            );
         }
         let mut all: Vec<u32> = (1..=u64::from(shard_count))
             .flat_map(|s| map.slots_of(s))
@@ -140,16 +150,16 @@ fn slot_ranges_are_maximal_inclusive_runs() {
     let one = PlacementMap::bootstrap(&nodes(3), 1, 3).unwrap();
     assert_eq!(one.slot_ranges_of(1), vec![(0, SLOT_COUNT - 1)]);
     let mut map = PlacementMap::bootstrap(&nodes(3), 2, 3).unwrap();
-    let ranges = map.slot_ranges_of(2);
-    assert_eq!(ranges.len(), 512);
-    assert_eq!(ranges[0], (1, 1));
-    // Give shard 1 the odd slots 1 and 3: it then owns 0..=4 in one run.
+    assert_eq!(map.slot_ranges_of(1), vec![(0, 511)]);
+    assert_eq!(map.slot_ranges_of(2), vec![(512, 1023)]);
+    // Give shard 1 the slots 513 and 515: it then owns two runs, 0..=511
+    // plus 513 and 515 alone; shard 2 keeps 512, 514 and 516..=1023.
     let m = match ok(
         &mut map,
         PlacementCommand::BeginMigration {
             from_shard: 2,
             to_shard: 1,
-            slots: vec![1, 3],
+            slots: vec![513, 515],
         },
     ) {
         PlacementReply::MigrationBegun { migration_id, .. } => migration_id,
@@ -159,8 +169,14 @@ fn slot_ranges_are_maximal_inclusive_runs() {
         &mut map,
         PlacementCommand::CommitMigration { migration_id: m },
     );
-    assert_eq!(map.slot_ranges_of(1)[0], (0, 4));
-    assert_eq!(map.slot_ranges_of(2)[0], (5, 5));
+    assert_eq!(
+        map.slot_ranges_of(1),
+        vec![(0, 511), (513, 513), (515, 515)]
+    );
+    assert_eq!(
+        map.slot_ranges_of(2),
+        vec![(512, 512), (514, 514), (516, 1023)]
+    );
 }
 
 #[test]
@@ -575,9 +591,12 @@ fn refused_commands_change_nothing() {
             BeginMigration {
                 from_shard: 1,
                 to_shard: 2,
-                slots: vec![0, 1],
+                slots: vec![0, 600],
             },
-            PlacementError::SlotNotOwned { slot: 1, owner: 2 },
+            PlacementError::SlotNotOwned {
+                slot: 600,
+                owner: 2,
+            },
         ),
     ];
     for (cmd, err) in migration_cases {

@@ -9,7 +9,7 @@ use fencelock_api::v1::{
     ReplicaRole, ReshardRequest, ReshardResponse, Shard, SlotRange, TransferLeaderRequest,
     TransferLeaderResponse,
 };
-use fencelock_placement::{NodeState as PlacedState, SLOT_COUNT};
+use fencelock_placement::{NodeState as PlacedState, META_SHARD_ID, SLOT_COUNT};
 use tonic::{Request, Response, Status};
 
 use crate::errors::ServerError;
@@ -121,10 +121,12 @@ impl AdminService for AdminServiceImpl {
                     .find(|r| r.shard_id == placed.shard_id && r.is_leader)
                     .map(|r| (*node, r.clone()))
             });
-            let (voters, learners): (Vec<u64>, Vec<u64>) = match &leader {
+            let (mut voters, mut learners): (Vec<u64>, Vec<u64>) = match &leader {
                 Some((_, r)) => (r.voters.clone(), r.learners.clone()),
                 None => (placed.replicas.iter().copied().collect(), Vec::new()),
             };
+            voters.sort_unstable();
+            learners.sort_unstable();
             let replicas = voters
                 .iter()
                 .map(|n| (*n, ReplicaRole::Voter))
@@ -137,10 +139,12 @@ impl AdminService for AdminServiceImpl {
                 .collect();
             shards.push(Shard {
                 shard_id: placed.shard_id,
-                epoch: leader
-                    .as_ref()
-                    .map(|(_, r)| r.epoch)
-                    .unwrap_or(placed.epoch),
+                // The meta shard mints no token; its table's epoch is a
+                // placeholder, so report the map's (0).
+                epoch: match &leader {
+                    Some((_, r)) if placed.shard_id != META_SHARD_ID => r.epoch,
+                    _ => placed.epoch,
+                },
                 replicas,
                 leader_node_id: leader.as_ref().map(|(n, _)| *n).unwrap_or(0),
                 slot_ranges: map

@@ -135,8 +135,21 @@ impl LockServiceImpl {
         };
         match self.forward_target(&err, shard_id) {
             Some(addr) if forwarding => self.forward(addr, remote).await,
-            _ => Err(err.into()),
+            _ => Err(self.refusal(err, shard_id)),
         }
+    }
+
+    /// The status for a refusal, with the shard and this node's map version
+    /// filled in so a routing client knows how fresh a map it needs.
+    fn refusal(&self, err: ServerError, shard_id: u64) -> Status {
+        let mut detail = with_shard(err, shard_id);
+        if matches!(
+            detail.reason(),
+            fencelock_api::v1::Reason::EpochNotMatch | fencelock_api::v1::Reason::ShardNotFound
+        ) {
+            detail.map_version = self.router.map_version();
+        }
+        detail.to_status()
     }
 
     /// Sends a request on to `addr`, following one more NOT_LEADER hint.

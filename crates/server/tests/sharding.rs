@@ -235,6 +235,7 @@ async fn admin_lists_the_bootstrap_placement() {
                 .sum::<u32>();
         } else {
             assert!(s.slot_ranges.is_empty(), "the meta shard owns no slots");
+            assert_eq!(s.epoch, 0, "the meta shard mints no tokens");
         }
     }
     assert_eq!(covered, 1024, "every slot has exactly one shard");

@@ -140,6 +140,16 @@ fn ranges_text(ranges: &[SlotRange]) -> String {
         .join(",")
 }
 
+/// `s` cut to at most `max` characters, ending in `…` when cut.
+fn shorten(s: &str, max: usize) -> String {
+    if s.chars().count() <= max {
+        return s.to_owned();
+    }
+    let mut out: String = s.chars().take(max - 1).collect();
+    out.push('…');
+    out
+}
+
 fn name_of(name: &str, prefix: &str) -> String {
     name.strip_prefix(prefix).unwrap_or(name).to_owned()
 }
@@ -215,13 +225,30 @@ pub async fn run(args: AdminArgs) -> u8 {
                             .with("waiters", s.waiters)
                     })
                     .collect();
+                // Long slot lists are cut in the table; JSON has them whole.
+                let rows: Vec<Object> = r
+                    .shards
+                    .iter()
+                    .zip(&shards)
+                    .map(|(s, row)| {
+                        let mut short = Object::new();
+                        for (key, value) in row.fields() {
+                            short = if *key == "slots" {
+                                short.with(key, shorten(&ranges_text(&s.slot_ranges), 40))
+                            } else {
+                                short.with(key, value.clone())
+                            };
+                        }
+                        short
+                    })
+                    .collect();
                 (
                     Object::new()
                         .with("ok", true)
                         .with("map_version", r.map_version)
                         .with("migration_id", r.migration_id)
                         .with("shards", shards.clone()),
-                    table(&shards),
+                    table(&rows),
                 )
             }),
         AdminCommand::TransferLeader { shard, to } => admin

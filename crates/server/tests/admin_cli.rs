@@ -1,0 +1,187 @@
+//! `fencelock admin` against what `make run` starts: real `fencelock dev`
+//! processes plus a fourth `fencelock serve` node that joins, driven only
+//! through the CLI, as docs/operations.md shows.
+
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// Four consecutive free ports: three for `fencelock dev`, one for the
+/// node that joins.
+fn free_base_port() -> u16 {
+    for _ in 0..200 {
+        let base = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        if base > 60_000 {
+            continue;
+        }
+        if (0..4).all(|i| std::net::TcpListener::bind(("127.0.0.1", base + i)).is_ok()) {
+            return base;
+        }
+    }
+    panic!("no four consecutive free ports");
+}
+
+/// Stops a child process when the test ends, however it ends.
+struct Guard(Child);
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.0.id().to_string()])
+            .status();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.0.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let _ = self.0.kill();
+    }
+}
+
+fn fencelock(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_fencelock"))
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+/// Runs an admin command and insists on success; returns stdout.
+fn admin(endpoint: &str, args: &[&str]) -> String {
+    let mut all = vec!["admin", "--endpoint", endpoint, "--output", "json"];
+    all.extend_from_slice(args);
+    let out = fencelock(&all);
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "fencelock {}: {stdout} {}",
+        all.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.starts_with("{\"ok\":true"), "{stdout}");
+    stdout
+}
+
+fn acquire_ok(endpoint: &str, resource: &str) -> bool {
+    fencelock(&["acquire", resource, "--endpoint", endpoint])
+        .status
+        .success()
+}
+
+#[test]
+fn operator_reshapes_a_running_cluster_with_the_admin_cli() {
+    let bin = env!("CARGO_BIN_EXE_fencelock");
+    let dir = tempfile::tempdir().unwrap();
+    let base = free_base_port();
+    let _dev = Guard(
+        Command::new(bin)
+            .args([
+                "dev",
+                "--nodes",
+                "3",
+                "--shards",
+                "4",
+                "--base-port",
+                &base.to_string(),
+                "--dir",
+            ])
+            .arg(dir.path().join("cluster"))
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let endpoint = format!("http://127.0.0.1:{base}");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !acquire_ok(&endpoint, "acme/admin/first") {
+        assert!(Instant::now() < deadline, "the dev cluster did not come up");
+        std::thread::sleep(Duration::from_millis(300));
+    }
+
+    let nodes = admin(&endpoint, &["nodes"]);
+    assert_eq!(nodes.matches("\"state\":\"UP\"").count(), 3, "{nodes}");
+    let shards = admin(&endpoint, &["shards"]);
+    assert_eq!(shards.matches("\"shard_id\":").count(), 5, "{shards}");
+
+    // Leadership: to node 1, then to node 2 (at least one is a real move).
+    assert!(
+        admin(&endpoint, &["transfer-leader", "--shard", "1", "--to", "1"])
+            .contains("\"leader\":1")
+    );
+    assert!(
+        admin(&endpoint, &["transfer-leader", "--shard", "1", "--to", "2"])
+            .contains("\"leader\":2")
+    );
+
+    // Slots: move two of shard 1's slots to shard 2, then split shard 3.
+    let moved = admin(
+        &endpoint,
+        &[
+            "reshard", "move", "--from", "1", "--to", "2", "--slots", "0", "--slots", "4",
+        ],
+    );
+    assert!(moved.contains("\"migration_id\":1"), "{moved}");
+    let split = admin(&endpoint, &["reshard", "split", "--shard", "3"]);
+    assert!(split.contains("\"new_shard_id\":5"), "{split}");
+
+    // A fourth node joins: started empty with `join = true`, then added.
+    let addr4 = format!("127.0.0.1:{}", base + 3);
+    let mut peers = String::new();
+    for id in 1..=3u16 {
+        peers.push_str(&format!(
+            "  {{ id = {id}, addr = \"127.0.0.1:{}\" }},\n",
+            base + id - 1
+        ));
+    }
+    peers.push_str(&format!("  {{ id = 4, addr = \"{addr4}\" }},\n"));
+    let config4 = dir.path().join("node4.toml");
+    std::fs::write(
+        &config4,
+        format!(
+            "node_id = 4\nlisten_addr = \"{addr4}\"\ndata_dir = \"node4\"\njoin = true\npeers = [\n{peers}]\n"
+        ),
+    )
+    .unwrap();
+    let _node4 = Guard(
+        Command::new(bin)
+            .args(["serve", "--config"])
+            .arg(&config4)
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    admin(&endpoint, &["add-node", "--id", "4", "--addr", &addr4]);
+    admin(
+        &endpoint,
+        &["move-replica", "--shard", "1", "--from", "1", "--to", "4"],
+    );
+
+    // Drain node 2 before "maintenance", then even things out.
+    let drained = admin(&endpoint, &["drain", "--node", "2"]);
+    assert!(!drained.contains("\"replicas_moved\":0"), "{drained}");
+    admin(&endpoint, &["balance"]);
+    let nodes = admin(&endpoint, &["nodes"]);
+    assert!(nodes.contains("\"node_id\":2,\"address\""), "{nodes}");
+    assert!(
+        nodes.contains("\"state\":\"DRAINED\",\"replicas\":0"),
+        "{nodes}"
+    );
+    let shards = admin(&endpoint, &["shards"]);
+    assert_eq!(shards.matches("\"shard_id\":").count(), 6, "{shards}");
+
+    // The cluster still serves; the first lock is still held.
+    assert!(acquire_ok(&endpoint, "acme/admin/after"));
+    assert!(!acquire_ok(&endpoint, "acme/admin/first"));
+
+    // Human output is a table.
+    let out = fencelock(&["admin", "--endpoint", &endpoint, "shards"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.starts_with("shard_id"), "{text}");
+}
