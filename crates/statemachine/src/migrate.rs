@@ -179,6 +179,16 @@ impl LockTable {
             ));
         }
         let resources = export.records.len() as u32;
+        // The export must be a consistent table of its own (holders match
+        // their dedup entries, tokens fit the epochs, ...): check it alone,
+        // in a scratch table, before it can touch this one. Bytes from a
+        // peer are not trusted to be what a source shard wrote.
+        let mut scratch = LockTable::with_slots(self.limits.clone(), *slots)
+            .map_err(|e| refused(format!("limits: {e}")))?;
+        scratch.epoch = epoch;
+        scratch.applied_index = ctx.index;
+        scratch.epoch_base_index = ctx.index - 1;
+        scratch.max_token = export.max_token;
         for (name, mut record) in export.records {
             // The target's leader clock may run ahead of the source's: the
             // same allowance a new leader gives, bounded by the stamp.
@@ -186,10 +196,25 @@ impl LockTable {
             holder.expires_at_ms = holder
                 .expires_at_ms
                 .max(holder.stamped_expires_at_ms + allowance_ms);
+            if !scratch.insert_record_indexed(name, record) {
+                return Err(refused("export lists a resource twice".into()));
+            }
+        }
+        for (key, entry) in export.dedup {
+            if !scratch.insert_dedup_indexed(key, entry) {
+                return Err(refused("export lists a dedup entry twice".into()));
+            }
+        }
+        if let Err(broken) = scratch.check_invariants() {
+            return Err(refused(format!("export is inconsistent: {broken}")));
+        }
+        let records = std::mem::take(&mut scratch.records);
+        let dedup = std::mem::take(&mut scratch.dedup);
+        for (name, record) in records {
             let inserted = self.insert_record_indexed(name, record);
             debug_assert!(inserted, "slots were disjoint, so names are new");
         }
-        for (key, entry) in export.dedup {
+        for (key, entry) in dedup {
             let inserted = self.insert_dedup_indexed(key, entry);
             debug_assert!(inserted, "slots were disjoint, so keys are new");
         }

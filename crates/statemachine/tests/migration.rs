@@ -401,3 +401,24 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn an_inconsistent_export_is_refused_whole() {
+    let (mut src, mut dst) = pair();
+    let r = name("acme/jobs/g");
+    src.acquire(&r, "holder-req", 1, 0).unwrap();
+    let mut data = src.export(1, only(slot_of(&r))).unwrap();
+    // Damage the holder's copy of its request id (the first occurrence; the
+    // dedup entry keeps the original): the holder then has no dedup entry.
+    let needle = b"holder-req";
+    let at = data
+        .windows(needle.len())
+        .position(|w| w == needle)
+        .unwrap();
+    data[at] = b'X';
+    let err = dst.import(1, 3, only(slot_of(&r)), data).unwrap_err();
+    assert!(matches!(err, LockError::MigrationRefused { .. }), "{err:?}");
+    assert_eq!(dst.table.held_count(), 0);
+    assert!(!dst.table.owns(&r), "a refused import takes no slots");
+    dst.table.check_invariants().unwrap();
+}
