@@ -43,7 +43,7 @@ fn rich_map() -> PlacementMap {
         BeginMigration {
             from_shard: 3,
             to_shard: 1,
-            slots: vec![2, 6],
+            slots: vec![520, 524],
         },
     ];
     for cmd in cmds {

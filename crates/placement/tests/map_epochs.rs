@@ -76,7 +76,7 @@ fn the_last_epoch_that_fits_a_token_is_handed_out_and_then_refused() {
             PlacementCommand::BeginMigration {
                 from_shard: 2,
                 to_shard: 1,
-                slots: vec![1]
+                slots: vec![600]
             }
         ),
         exhausted
