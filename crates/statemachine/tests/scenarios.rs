@@ -908,11 +908,11 @@ fn corrupt_snapshots_are_refused_without_panicking() {
     s.acquire("acme/a", "b", 2, 10_000, 5_000).unwrap();
     let bytes = s.table.snapshot();
     assert_eq!(LockTable::restore(b"nope"), Err(DecodeError::BadMagic));
-    let mut v2 = bytes.clone();
-    v2[5] = 2;
+    let mut v9 = bytes.clone();
+    v9[5] = 9;
     assert_eq!(
-        LockTable::restore(&v2),
-        Err(DecodeError::UnsupportedVersion(2))
+        LockTable::restore(&v9),
+        Err(DecodeError::UnsupportedVersion(9))
     );
     let mut long = bytes.clone();
     long.push(0);
