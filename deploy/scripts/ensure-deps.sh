@@ -45,6 +45,14 @@ elif ! PIP_ROOT_USER_ACTION=ignore python3 -m pip install --quiet --disable-pip-
   echo "warning: could not install the Python gRPC packages; install them with: $python_install" >&2
 fi
 
+# promtool (Debian package `prometheus`): tests/deploy.rs checks the alert
+# rules and the Prometheus config in deploy/prometheus/ with it.
+command -v promtool >/dev/null || missing+=(prometheus)
+
+# Headless Chromium: tests/status_page.rs loads the operator status page in
+# it and reads the values the page shows.
+command -v chromium >/dev/null || missing+=(chromium)
+
 [ ${#missing[@]} -eq 0 ] && exit 0
 
 echo "fencelock: installing missing build packages: ${missing[*]}" >&2

@@ -4,10 +4,10 @@
 use fencelock_api::v1::admin_service_server::{AdminService, AdminServiceServer};
 use fencelock_api::v1::{
     reshard_request, AddNodeRequest, AddNodeResponse, BalanceRequest, BalanceResponse,
-    DrainNodeRequest, DrainNodeResponse, ListNodesRequest, ListNodesResponse, ListShardsRequest,
-    ListShardsResponse, MoveReplicaRequest, MoveReplicaResponse, Node, NodeState, Replica,
-    ReplicaRole, ReshardRequest, ReshardResponse, Shard, SlotRange, TransferLeaderRequest,
-    TransferLeaderResponse,
+    DrainNodeRequest, DrainNodeResponse, HotResource, HotResourcesRequest, HotResourcesResponse,
+    ListNodesRequest, ListNodesResponse, ListShardsRequest, ListShardsResponse, MoveReplicaRequest,
+    MoveReplicaResponse, Node, NodeState, Replica, ReplicaRole, ReshardRequest, ReshardResponse,
+    Shard, SlotRange, TransferLeaderRequest, TransferLeaderResponse,
 };
 use fencelock_placement::{NodeState as PlacedState, META_SHARD_ID, SLOT_COUNT};
 use tonic::{Request, Response, Status};
@@ -15,13 +15,26 @@ use tonic::{Request, Response, Status};
 use crate::errors::ServerError;
 use crate::ops::Ops;
 
+/// Entries `HotResources` returns when the request asks for 0.
+pub const DEFAULT_HOT_LIMIT: u32 = 20;
+/// Most entries one `HotResources` call returns.
+pub const MAX_HOT_LIMIT: u32 = 1_000;
+
 pub struct AdminServiceImpl {
     ops: Ops,
+    /// Actions that change placement run one at a time on a node: two moves
+    /// of one shard interleaving their steps would fight over its
+    /// configuration. (Safety never depends on this — every step is a
+    /// checked Raft or placement command — only progress does.)
+    one_at_a_time: tokio::sync::Mutex<()>,
 }
 
 impl AdminServiceImpl {
     pub fn new(ops: Ops) -> Self {
-        AdminServiceImpl { ops }
+        AdminServiceImpl {
+            ops,
+            one_at_a_time: tokio::sync::Mutex::new(()),
+        }
     }
 
     pub fn into_server(self) -> AdminServiceServer<Self> {
@@ -168,6 +181,7 @@ impl AdminService for AdminServiceImpl {
         &self,
         request: Request<TransferLeaderRequest>,
     ) -> Result<Response<TransferLeaderResponse>, Status> {
+        let _turn = self.one_at_a_time.lock().await;
         let req = request.into_inner();
         let leader = self
             .ops
@@ -182,6 +196,7 @@ impl AdminService for AdminServiceImpl {
         &self,
         request: Request<MoveReplicaRequest>,
     ) -> Result<Response<MoveReplicaResponse>, Status> {
+        let _turn = self.one_at_a_time.lock().await;
         let req = request.into_inner();
         let map_version = self
             .ops
@@ -194,6 +209,7 @@ impl AdminService for AdminServiceImpl {
         &self,
         _: Request<BalanceRequest>,
     ) -> Result<Response<BalanceResponse>, Status> {
+        let _turn = self.one_at_a_time.lock().await;
         let moved = self.ops.balance().await?;
         let map = self.ops.fresh_map().await?;
         Ok(Response::new(BalanceResponse {
@@ -207,6 +223,7 @@ impl AdminService for AdminServiceImpl {
         &self,
         request: Request<DrainNodeRequest>,
     ) -> Result<Response<DrainNodeResponse>, Status> {
+        let _turn = self.one_at_a_time.lock().await;
         let moved = self.ops.drain(request.into_inner().node_id).await?;
         let map = self.ops.fresh_map().await?;
         Ok(Response::new(DrainNodeResponse {
@@ -220,6 +237,7 @@ impl AdminService for AdminServiceImpl {
         &self,
         request: Request<AddNodeRequest>,
     ) -> Result<Response<AddNodeResponse>, Status> {
+        let _turn = self.one_at_a_time.lock().await;
         let req = request.into_inner();
         if req.node_id == 0 {
             return Err(invalid("node_id", "must be the new node's id (≥ 1)"));
@@ -235,6 +253,7 @@ impl AdminService for AdminServiceImpl {
         &self,
         request: Request<ReshardRequest>,
     ) -> Result<Response<ReshardResponse>, Status> {
+        let _turn = self.one_at_a_time.lock().await;
         let done = match request.into_inner().action {
             Some(reshard_request::Action::MoveSlots(m)) => {
                 let slots = slots_from_ranges(&m.slots)?;
@@ -257,6 +276,53 @@ impl AdminService for AdminServiceImpl {
             migration_id: done.migration_id,
             epoch: done.epoch,
             resources_moved: done.resources,
+        }))
+    }
+
+    async fn hot_resources(
+        &self,
+        request: Request<HotResourcesRequest>,
+    ) -> Result<Response<HotResourcesResponse>, Status> {
+        let limit = match request.into_inner().limit {
+            0 => DEFAULT_HOT_LIMIT,
+            n if n <= MAX_HOT_LIMIT => n,
+            n => {
+                return Err(invalid(
+                    "limit",
+                    format!("must be in 0..={MAX_HOT_LIMIT}, got {n}"),
+                ))
+            }
+        };
+        let map = self.ops.fresh_map().await?;
+        let statuses = self.ops.statuses(&map).await;
+        let mut resources = Vec::new();
+        let mut led = std::collections::BTreeSet::new();
+        for status in statuses.values() {
+            for r in status.replicas.iter().filter(|r| r.is_leader) {
+                led.insert(r.shard_id);
+                resources.extend(r.hot.iter().map(|h| HotResource {
+                    resource: h.resource.clone(),
+                    shard_id: r.shard_id,
+                    acquires: h.acquires,
+                    contended: h.contended,
+                    overcount: h.overcount,
+                }));
+            }
+        }
+        resources.sort_by(|a, b| {
+            b.acquires
+                .cmp(&a.acquires)
+                .then_with(|| a.resource.cmp(&b.resource))
+        });
+        resources.truncate(limit as usize);
+        let shards_missing = map
+            .shards()
+            .map(|s| s.shard_id)
+            .filter(|id| *id != fencelock_placement::META_SHARD_ID && !led.contains(id))
+            .collect();
+        Ok(Response::new(HotResourcesResponse {
+            resources,
+            shards_missing,
         }))
     }
 }

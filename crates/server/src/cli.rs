@@ -60,13 +60,17 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Run one node until Ctrl-C or SIGTERM. Logs go to stderr; set their
-    /// level with RUST_LOG (default `info`).
+    /// Run one node until Ctrl-C or SIGTERM (graceful: leaderships are
+    /// handed over and requests drained first). Logs go to stderr
+    /// (`[log]` section; RUST_LOG replaces `log.filter`). SIGHUP reopens the
+    /// audit log file.
     #[command(after_help = EXIT_CODES_HELP)]
     Serve {
         /// The node's TOML config file.
         #[arg(long, value_name = "PATH")]
         config: PathBuf,
+        #[command(flatten)]
+        overrides: OverrideArgs,
     },
     /// Work with config files.
     #[command(subcommand)]
@@ -101,12 +105,42 @@ enum Command {
 
 #[derive(Debug, Subcommand)]
 enum ConfigCommand {
-    /// Validate a config file: prints OK, or the first bad key and its
-    /// allowed range (exit code 2).
+    /// Validate a config file, with FENCELOCK_* environment overrides and
+    /// --set flags applied as `serve` would: prints OK, or the first bad
+    /// key and its allowed range (exit code 2).
     Check {
         /// The node's TOML config file.
         path: PathBuf,
+        #[command(flatten)]
+        overrides: OverrideArgs,
+        /// Also print the effective configuration (every key, defaults
+        /// included) as TOML.
+        #[arg(long)]
+        print: bool,
     },
+}
+
+/// Config overrides on the command line (after the file and the
+/// environment).
+#[derive(Debug, Args)]
+struct OverrideArgs {
+    /// Override one config key, e.g. `--set raft.tick_interval_ms=50` or
+    /// `--set admin_listen_addr=0.0.0.0:9100`; repeatable. Environment
+    /// variables `FENCELOCK_<SECTION>_<KEY>` apply first.
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    set: Vec<String>,
+}
+
+impl OverrideArgs {
+    /// The environment's overrides, then the flags'.
+    fn collect(&self) -> Result<Vec<fencelock_server::config::Override>, ConfigError> {
+        use fencelock_server::config::overrides;
+        let mut all = overrides::from_env(std::env::vars());
+        for arg in &self.set {
+            all.push(overrides::parse_set(arg)?);
+        }
+        Ok(all)
+    }
 }
 
 /// How client subcommands print their answer.
@@ -140,8 +174,12 @@ pub struct ClientOpts {
 /// Runs the parsed command line; returns the process exit code.
 pub async fn run(cli: Cli) -> u8 {
     match cli.command {
-        Command::Serve { config } => serve(&config).await,
-        Command::Config(ConfigCommand::Check { path }) => config_check(&path),
+        Command::Serve { config, overrides } => serve(&config, &overrides).await,
+        Command::Config(ConfigCommand::Check {
+            path,
+            overrides,
+            print,
+        }) => config_check(&path, &overrides, print),
         Command::Dev(args) => dev::run(args).await,
         Command::Acquire(args) => client::acquire(args).await,
         Command::Renew(args) => client::renew(args).await,
@@ -161,8 +199,16 @@ fn describe_config_error(path: &Path, error: &ConfigError) -> String {
     }
 }
 
-fn config_check(path: &Path) -> u8 {
-    match NodeConfig::load(path) {
+/// Loads `path` with the environment's and `args`' overrides.
+fn load_config(path: &Path, args: &OverrideArgs) -> Result<NodeConfig, String> {
+    let overrides = args
+        .collect()
+        .map_err(|e| describe_config_error(path, &e))?;
+    NodeConfig::load_with(path, &overrides).map_err(|e| describe_config_error(path, &e))
+}
+
+fn config_check(path: &Path, args: &OverrideArgs, print: bool) -> u8 {
+    match load_config(path, args) {
         Ok(config) => {
             println!(
                 "OK: {} (node {} of {} peers, {} shards, listening on {}, data in {})",
@@ -173,46 +219,43 @@ fn config_check(path: &Path) -> u8 {
                 config.listen_addr,
                 config.data_dir.display()
             );
+            if print {
+                match toml::to_string(&config) {
+                    Ok(text) => print!("{text}"),
+                    Err(e) => {
+                        eprintln!("error: cannot print the configuration: {e}");
+                        return EXIT_OTHER;
+                    }
+                }
+            }
             EXIT_OK
         }
-        Err(e) => {
-            eprintln!("{}", describe_config_error(path, &e));
+        Err(message) => {
+            eprintln!("{message}");
             EXIT_USAGE
         }
     }
 }
 
-fn init_tracing() {
-    use tracing_subscriber::EnvFilter;
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    // Colors only on a terminal: `fencelock dev` and log collectors read
-    // the output through pipes.
-    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(ansi)
-        .init();
-}
-
-async fn serve(path: &Path) -> u8 {
-    init_tracing();
+async fn serve(path: &Path, args: &OverrideArgs) -> u8 {
     // Install the handlers before anything else, so a SIGTERM that arrives
     // while the node starts is not fatal to a half-opened store.
-    let mut signals = match ShutdownSignals::new() {
+    let signals = ShutdownSignals::new().and_then(|s| Ok((s, Hangup::new()?)));
+    let (mut signals, mut hangup) = match signals {
         Ok(s) => s,
         Err(e) => {
             eprintln!("error: cannot install signal handlers: {e}");
             return EXIT_OTHER;
         }
     };
-    let config = match NodeConfig::load(path) {
+    let config = match load_config(path, args) {
         Ok(config) => config,
-        Err(e) => {
-            eprintln!("{}", describe_config_error(path, &e));
+        Err(message) => {
+            eprintln!("{message}");
             return EXIT_USAGE;
         }
     };
+    fencelock_server::logging::init(&config.log);
     let node_id = config.node_id;
     let node = match Node::start(config).await {
         Ok(node) => node,
@@ -224,13 +267,27 @@ async fn serve(path: &Path) -> u8 {
             };
         }
     };
-    println!("fencelock node {node_id} serving on {}", node.addr());
+    match node.admin_addr() {
+        Some(admin) => println!(
+            "fencelock node {node_id} serving on {}, admin http://{admin}/",
+            node.addr()
+        ),
+        None => println!("fencelock node {node_id} serving on {}", node.addr()),
+    }
 
-    let signal = signals.recv().await;
-    tracing::info!(signal, "shutting down");
+    let signal = loop {
+        tokio::select! {
+            signal = signals.recv() => break signal,
+            () = hangup.recv() => {
+                tracing::info!("SIGHUP: reopening the audit log");
+                node.audit().reopen();
+            }
+        }
+    };
+    tracing::info!(signal, "shutting down gracefully");
     tokio::select! {
-        () = node.shutdown() => {
-            tracing::info!("stopped");
+        report = node.shutdown_gracefully() => {
+            tracing::info!(?report, "stopped");
             EXIT_OK
         }
         signal = signals.recv() => {
@@ -246,6 +303,37 @@ pub struct ShutdownSignals {
     term: tokio::signal::unix::Signal,
     #[cfg(unix)]
     int: tokio::signal::unix::Signal,
+}
+
+/// SIGHUP, caught by `serve` only (it reopens the audit log); everywhere
+/// else it keeps its default (terminate), as a closed terminal expects.
+pub struct Hangup {
+    #[cfg(unix)]
+    hup: tokio::signal::unix::Signal,
+}
+
+impl Hangup {
+    pub fn new() -> std::io::Result<Hangup> {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{signal, SignalKind};
+            Ok(Hangup {
+                hup: signal(SignalKind::hangup())?,
+            })
+        }
+        #[cfg(not(unix))]
+        Ok(Hangup {})
+    }
+
+    /// Waits for the next SIGHUP (never, where there is none).
+    pub async fn recv(&mut self) {
+        #[cfg(unix)]
+        {
+            self.hup.recv().await;
+        }
+        #[cfg(not(unix))]
+        std::future::pending::<()>().await
+    }
 }
 
 impl ShutdownSignals {

@@ -86,6 +86,16 @@ pub fn replica_status(s: &ShardStatus) -> ReplicaStatus {
         owned_slots: s.owned_slots,
         pending_exports: s.pending_exports.clone(),
         snapshots_installed: s.snapshots_installed,
+        hot: s
+            .hot
+            .iter()
+            .map(|h| crate::internal::HotEntry {
+                resource: h.resource.clone(),
+                acquires: h.acquires,
+                contended: h.contended,
+                overcount: h.overcount,
+            })
+            .collect(),
     }
 }
 
@@ -176,6 +186,7 @@ impl NodeControl for NodeControlImpl {
                 shard_id: req.shard_id,
                 command,
                 responder: Responder::Reply(tx),
+                caller: None,
             })
             .await?;
         let out = match reply {

@@ -19,11 +19,23 @@
 //! * [`router`] — this node's view of the placement map and shard leaders.
 //! * [`peers`] — gRPC channels to other nodes (forwarding, operator actions).
 //! * [`shard_map`] — which shard a resource belongs to.
+//! * [`metrics`] — the node's Prometheus registry and every metric.
+//! * [`audit`] — the audit log: one JSON line per lock state change.
+//! * [`lifecycle`] — health status, in-flight requests and the graceful
+//!   shutdown sequence.
+//! * [`admin_http`] — the admin HTTP port: `/metrics` and the operator
+//!   status page.
+//! * [`logging`] — `tracing` output: filters, text or JSON.
 
 pub mod admin;
+pub mod admin_http;
+pub mod audit;
 pub mod config;
 pub mod control;
 pub mod errors;
+pub mod lifecycle;
+pub mod logging;
+pub mod metrics;
 pub mod netfilter;
 pub mod node;
 pub mod ops;

@@ -8,6 +8,10 @@ use clap::Parser;
 
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
+    // Test builds only: FAILPOINTS=name=action;... arms the store's
+    // failpoints (docs/testing.md).
+    #[cfg(feature = "failpoints")]
+    let _failpoints = fail::FailScenario::setup();
     let args = cli::Cli::parse();
     std::process::ExitCode::from(cli::run(args).await)
 }

@@ -1,4 +1,6 @@
-//! Wiring of one node: storage, store loop, transport and gRPC server.
+//! Wiring of one node: storage, store loop, transport, gRPC server (lock,
+//! admin, peer, health and reflection services), the admin HTTP port and
+//! the audit writer; and their orderly shutdown.
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -7,13 +9,16 @@ use fencelock_api::v1::lock_service_server::LockServiceServer;
 use fencelock_raftstore::RocksEngine;
 use tokio::sync::oneshot;
 
+use crate::audit::{AuditLog, AuditStats};
 use crate::config::NodeConfig;
 use crate::errors::ServerError;
+use crate::lifecycle::Lifecycle;
+use crate::metrics::{Metrics, NodeSnapshot};
 use crate::netfilter::NetworkRules;
 use crate::peers::PeerChannels;
 use crate::router::Router;
 use crate::service::LockServiceImpl;
-use crate::store::{MembershipChange, ShardStatus, Store, StoreMsg, StoreSender};
+use crate::store::{MembershipChange, Observers, ShardStatus, Store, StoreMsg, StoreSender};
 use crate::transport::{RaftService, Transport};
 
 /// How long shutdown waits for in-flight client calls to finish.
@@ -23,7 +28,9 @@ const SERVER_STOP_GRACE: std::time::Duration = std::time::Duration::from_secs(2)
 /// abruptly (the store loop still ends and closes RocksDB, so the process
 /// never exits with the database open).
 pub struct Node {
+    node_id: u64,
     addr: SocketAddr,
+    admin_addr: Option<SocketAddr>,
     store_tx: StoreSender,
     store_thread: Option<std::thread::JoinHandle<()>>,
     server_stop: Option<oneshot::Sender<()>>,
@@ -33,6 +40,59 @@ pub struct Node {
     status: Arc<Mutex<Vec<ShardStatus>>>,
     router: Arc<Router>,
     map_task: tokio::task::JoinHandle<()>,
+    ops: crate::ops::Ops,
+    metrics: Arc<Metrics>,
+    life: Arc<Lifecycle>,
+    audit: AuditLog,
+    view: Arc<NodeView>,
+    http_stop: Option<oneshot::Sender<()>>,
+    http_task: Option<tokio::task::JoinHandle<()>>,
+    drain_timeout: std::time::Duration,
+}
+
+/// What a graceful shutdown achieved before the node stopped.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ShutdownReport {
+    /// Shards this node still led at the deadline (they elect a new leader
+    /// after an election timeout); empty when every leadership moved.
+    pub leaderships_left: Vec<u64>,
+    /// Whether every in-flight client request finished in time.
+    pub drained: bool,
+}
+
+/// What the node publishes for observers (metrics, the status page): cheap
+/// handles to state other parts own.
+pub struct NodeView {
+    pub node_id: u64,
+    status: Arc<Mutex<Vec<ShardStatus>>>,
+    store_tx: StoreSender,
+    store_capacity: usize,
+    transport: Arc<Transport>,
+    life: Arc<Lifecycle>,
+    audit: AuditStats,
+}
+
+impl NodeView {
+    /// Whether the node is shutting down (health NOT_SERVING).
+    pub fn is_draining(&self) -> bool {
+        self.life.is_draining()
+    }
+
+    /// The numbers the metrics read at scrape time.
+    pub fn snapshot(&self) -> NodeSnapshot {
+        NodeSnapshot {
+            shards: self.status.lock().map(|s| s.clone()).unwrap_or_default(),
+            store_queue_depth: self.store_tx.len(),
+            store_queue_capacity: self.store_capacity,
+            in_flight_requests: self.life.in_flight(),
+            draining: self.life.is_draining(),
+            transport_dropped_total: self.transport.dropped_total(),
+            transport_batches_total: self.transport.batches_sent_total(),
+            transport_messages_total: self.transport.messages_sent_total(),
+            audit_lines_total: self.audit.lines_total(),
+            audit_dropped_total: self.audit.dropped_total(),
+        }
+    }
 }
 
 /// How often a node refreshes its placement map from peers when it has no
@@ -81,6 +141,22 @@ impl Node {
         let addr = listener
             .local_addr()
             .map_err(|e| ServerError::Internal(e.to_string()))?;
+        // Bound before anything starts, so a taken admin port fails the
+        // start instead of leaving a node nobody can scrape.
+        let admin_listener =
+            match &config.admin_listen_addr {
+                Some(a) => Some(tokio::net::TcpListener::bind(a).await.map_err(|e| {
+                    ServerError::Storage(format!("bind admin_listen_addr {a}: {e}"))
+                })?),
+                None => None,
+            };
+        let audit = AuditLog::start(
+            config.node_id,
+            &config.audit_target(),
+            config.audit.include_renewals,
+        )
+        .map_err(|e| ServerError::Storage(format!("cannot open the audit log: {e}")))?;
+        let metrics = Arc::new(Metrics::new(config.node_id));
         let transport = Arc::new(Transport::new(
             config.node_id,
             config.peer_map(),
@@ -100,6 +176,10 @@ impl Node {
             store_rx,
             status.clone(),
             router.clone(),
+            Observers {
+                metrics: metrics.store_locals(),
+                audit: audit.clone(),
+            },
         )?;
         let store_thread = std::thread::Builder::new()
             .name(format!("store-{}", config.node_id))
@@ -112,12 +192,23 @@ impl Node {
             let _ = inbound.try_send(StoreMsg::Raft { envelopes });
         }));
         let raft_service_handle = raft_service.clone();
+        let (health_reporter, health_service) = tonic_health::server::health_reporter();
+        let life = Arc::new(Lifecycle::new(health_reporter));
+        // Not serving until the server below is up.
+        life.set_starting().await;
+        let reflection = tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(fencelock_api::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+            .build_v1()
+            .map_err(|e| ServerError::Internal(format!("reflection: {e}")))?;
         let lock_service = LockServiceImpl::new(
             config.node_id,
             store_tx.clone(),
             router.clone(),
             peers.clone(),
             default_ttl,
+            metrics.clone(),
+            life.clone(),
         );
         let control = crate::control::NodeControlImpl::new(
             config.node_id,
@@ -133,7 +224,7 @@ impl Node {
         let admin = crate::admin::AdminServiceImpl::new(ops.clone());
         // A node without a replica of the meta shard (one added later) gets
         // the map from its peers: at start, then every few seconds.
-        let map_task = tokio::spawn(refresh_map(ops, status.clone()));
+        let map_task = tokio::spawn(refresh_map(ops.clone(), status.clone()));
         let (stop_tx, stop_rx) = oneshot::channel::<()>();
         let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
         let server_task = tokio::spawn(async move {
@@ -142,6 +233,8 @@ impl Node {
                 .add_service(raft_service.into_server())
                 .add_service(control.into_server())
                 .add_service(admin.into_server())
+                .add_service(health_service)
+                .add_service(reflection)
                 .serve_with_incoming_shutdown(incoming, async {
                     let _ = stop_rx.await;
                 })
@@ -150,8 +243,35 @@ impl Node {
                 tracing::error!("gRPC server stopped: {e}");
             }
         });
+        life.serving().await;
+        let view = Arc::new(NodeView {
+            node_id: config.node_id,
+            status: status.clone(),
+            store_tx: store_tx.clone(),
+            store_capacity: config.raft.store_queue_depth,
+            transport: transport.clone(),
+            life: life.clone(),
+            audit: audit.stats(),
+        });
+        let (admin_addr, http_stop, http_task) = match admin_listener {
+            Some(listener) => {
+                let (stop, task, addr) = crate::admin_http::spawn(
+                    listener,
+                    crate::admin_http::HttpState {
+                        metrics: metrics.clone(),
+                        view: view.clone(),
+                        admin: Arc::new(crate::admin::AdminServiceImpl::new(ops.clone())),
+                    },
+                )?;
+                (Some(addr), Some(stop), Some(task))
+            }
+            None => (None, None, None),
+        };
+        tracing::info!(node_id = config.node_id, %addr, ?admin_addr, "node started");
         Ok(Node {
+            node_id: config.node_id,
             addr,
+            admin_addr,
             store_tx,
             store_thread: Some(store_thread),
             server_stop: Some(stop_tx),
@@ -161,11 +281,69 @@ impl Node {
             status,
             router,
             map_task,
+            ops,
+            metrics,
+            life,
+            audit,
+            view,
+            http_stop,
+            http_task,
+            drain_timeout: config.shutdown.drain_timeout(),
         })
     }
 
     pub fn addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// The admin HTTP address (`/metrics`, the status page), when enabled.
+    pub fn admin_addr(&self) -> Option<SocketAddr> {
+        self.admin_addr
+    }
+
+    /// The node's metrics in the Prometheus text format (what `/metrics`
+    /// serves).
+    pub fn render_metrics(&self) -> String {
+        self.metrics.render(&self.view.snapshot())
+    }
+
+    /// The node's audit sink (`reopen` it after log rotation).
+    pub fn audit(&self) -> &AuditLog {
+        &self.audit
+    }
+
+    /// Stops gracefully (see [`crate::lifecycle`]): not serving, leaderships
+    /// handed to other nodes, requests drained, then [`Node::shutdown`].
+    /// Bounded by `shutdown.drain_timeout_ms`.
+    pub async fn shutdown_gracefully(self) -> ShutdownReport {
+        let deadline = tokio::time::Instant::now() + self.drain_timeout;
+        self.life.stop_accepting().await;
+        let left = crate::lifecycle::move_leaderships_away(
+            self.node_id,
+            &self.status,
+            &self.ops,
+            &self.router,
+            deadline,
+        )
+        .await;
+        if left.is_empty() {
+            tracing::info!("every leadership handed over");
+        } else {
+            tracing::warn!(shards = ?left, "still leading these shards; they will elect a new leader");
+        }
+        self.life.refuse_new();
+        let drained = self.life.wait_idle(deadline).await;
+        if !drained {
+            tracing::warn!(
+                in_flight = self.life.in_flight(),
+                "requests still in flight at the drain deadline"
+            );
+        }
+        self.shutdown().await;
+        ShutdownReport {
+            leaderships_left: left,
+            drained,
+        }
     }
 
     /// Leadership and progress of every shard on this node.
@@ -194,8 +372,6 @@ impl Node {
         rx.await.map_err(|_| ServerError::ShuttingDown)?
     }
 
-    /// Stops serving, stops the store loop (answering what is in flight with
-    /// SHUTTING_DOWN) and closes the database.
     /// Proposes `command` to this node's replica of `shard_id` exactly as
     /// given, bypassing routing: for tests and tools that must reach one
     /// particular shard (for example to show that a shard refuses a slot it
@@ -211,6 +387,7 @@ impl Node {
                 shard_id,
                 command,
                 responder: crate::store::Responder::Reply(tx),
+                caller: None,
             })
             .map_err(|_| ServerError::ServerBusy)?;
         rx.await.map_err(|_| ServerError::ShuttingDown)?
@@ -221,8 +398,16 @@ impl Node {
         &self.router
     }
 
+    /// Stops serving, stops the store loop (answering what is in flight with
+    /// SHUTTING_DOWN), flushes and closes the database and the audit log.
     pub async fn shutdown(mut self) {
         self.map_task.abort();
+        if let Some(stop) = self.http_stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(task) = self.http_task.take() {
+            let _ = task.await;
+        }
         // Peer streams never end on their own: close them first, or peers
         // would keep feeding a stopped store through live connections.
         self.raft_service.close();
@@ -245,12 +430,19 @@ impl Node {
         if let Some(thread) = self.store_thread.take() {
             let _ = tokio::task::spawn_blocking(move || thread.join()).await;
         }
+        // The store (the only other holder) is gone: the writer drains what
+        // is queued and flushes.
+        let mut audit = std::mem::replace(&mut self.audit, AuditLog::disabled(self.node_id));
+        let _ = tokio::task::spawn_blocking(move || audit.close()).await;
     }
 }
 
 impl Drop for Node {
     fn drop(&mut self) {
         self.map_task.abort();
+        if let Some(task) = self.http_task.take() {
+            task.abort();
+        }
         let Some(thread) = self.store_thread.take() else {
             return; // already shut down
         };

@@ -35,9 +35,11 @@ use tonic::transport::Channel;
 use tonic::{Request, Response, Status};
 
 use crate::errors::ServerError;
+use crate::lifecycle::Lifecycle;
+use crate::metrics::{Metrics, Op, Outcome};
 use crate::peers::PeerChannels;
 use crate::router::Router;
-use crate::store::{Responder, StoreMsg, StoreSender};
+use crate::store::{Caller, Responder, StoreMsg, StoreSender};
 
 /// Metadata key marking a request that must be served where it lands (set
 /// on forwarded requests, and by clients that do their own routing).
@@ -45,6 +47,41 @@ pub const FORWARDED_HEADER: &str = "x-fencelock-forwarded";
 /// Nodes one request may be forwarded through: the node the map names,
 /// then the leader that node names.
 pub const MAX_FORWARD_HOPS: usize = 2;
+/// Metadata key a forwarding node sets to the address of the client it is
+/// forwarding for: the audit log's `caller`. Its presence also marks the
+/// request as counted already (metrics are kept where the client called).
+pub const CALLER_HEADER: &str = "x-fencelock-caller";
+/// Longest caller value taken from [`CALLER_HEADER`]: an address, not a
+/// story (the header is client-settable).
+pub const MAX_CALLER_LEN: usize = 64;
+
+tokio::task_local! {
+    /// Who the request being served came from (see [`CALLER_HEADER`]).
+    static CALLER: Caller;
+}
+
+/// The caller of the request this task serves.
+fn current_caller() -> Caller {
+    CALLER.try_with(|c| c.clone()).unwrap_or(None)
+}
+
+/// The request's caller, and whether another node forwarded it.
+fn caller_of<T>(request: &Request<T>) -> (Caller, bool) {
+    let relayed = request
+        .metadata()
+        .get(CALLER_HEADER)
+        .and_then(|v| v.to_str().ok());
+    if let Some(addr) = relayed {
+        let clean: String = addr
+            .chars()
+            .filter(|c| c.is_ascii_graphic())
+            .take(MAX_CALLER_LEN)
+            .collect();
+        return (Some(Arc::from(clean)), true);
+    }
+    let direct = request.remote_addr().map(|a| Arc::from(a.to_string()));
+    (direct, false)
+}
 
 pub struct LockServiceImpl {
     node_id: u64,
@@ -52,6 +89,8 @@ pub struct LockServiceImpl {
     router: Arc<Router>,
     peers: Arc<PeerChannels>,
     default_lease_ttl_ms: u64,
+    metrics: Arc<Metrics>,
+    life: Arc<Lifecycle>,
 }
 
 impl LockServiceImpl {
@@ -61,6 +100,8 @@ impl LockServiceImpl {
         router: Arc<Router>,
         peers: Arc<PeerChannels>,
         default_lease_ttl_ms: u64,
+        metrics: Arc<Metrics>,
+        life: Arc<Lifecycle>,
     ) -> Self {
         LockServiceImpl {
             node_id,
@@ -68,6 +109,46 @@ impl LockServiceImpl {
             router,
             peers,
             default_lease_ttl_ms,
+            metrics,
+            life,
+        }
+    }
+
+    /// Serves one request: counted in flight (for a graceful drain), timed
+    /// and classified where the client called (not again where another
+    /// node forwarded it), with its caller known to the store (audit).
+    async fn measured<T>(
+        &self,
+        op: Op,
+        (caller, relayed): (Caller, bool),
+        call: impl Future<Output = Result<Response<T>, Status>>,
+    ) -> Result<Response<T>, Status> {
+        let _in_flight = self.life.enter();
+        let call = CALLER.scope(caller, call);
+        if relayed {
+            return call.await;
+        }
+        let timer = self.metrics.requests.start(op);
+        let result = call.await;
+        timer.finish_result(&result);
+        result
+    }
+
+    /// What a draining node answers instead of serving: the shard's leader
+    /// when this node knows it (clients and forwarding nodes go there
+    /// directly), else SHUTTING_DOWN. Both are retriable.
+    fn draining_refusal(&self, shard_id: u64) -> ServerError {
+        let leader = self
+            .router
+            .leader_of(shard_id)
+            .filter(|l| *l != self.node_id)
+            .and_then(|l| self.router.leader_info(l));
+        match leader {
+            Some(leader) => ServerError::NotLeader {
+                shard_id,
+                leader: Some(leader),
+            },
+            None => ServerError::ShuttingDown,
         }
     }
 
@@ -84,6 +165,7 @@ impl LockServiceImpl {
             shard_id,
             command,
             responder: Responder::Reply(tx),
+            caller: current_caller(),
         })?;
         rx.await.map_err(|_| ServerError::ShuttingDown)?
     }
@@ -120,6 +202,9 @@ impl LockServiceImpl {
         RF: Future<Output = Result<Response<T>, Status>>,
     {
         let mut shard_id = self.router.shard_of(resource)?;
+        if self.life.is_refusing() {
+            return Err(self.refusal(self.draining_refusal(shard_id), shard_id));
+        }
         let err = loop {
             match local(shard_id).await {
                 Ok(reply) => return Ok(Response::new(reply)),
@@ -159,6 +244,7 @@ impl LockServiceImpl {
         RF: Future<Output = Result<Response<T>, Status>>,
     {
         let mut hops = 0;
+        self.metrics.requests.forwarded();
         loop {
             hops += 1;
             let channel = self.peers.channel(&addr)?;
@@ -197,6 +283,7 @@ impl LockServiceImpl {
                 wait_timeout_ms,
             },
             responder: Responder::Acquire { resource, tx },
+            caller: current_caller(),
         })?;
         // If this future is dropped (client went away), the store sees the
         // closed channel and removes the waiter through Raft.
@@ -286,7 +373,12 @@ impl LockServiceImpl {
                 lease_ttl_ms: i.lease_ttl_ms,
             })
             .collect();
-        let err = match self.propose(shard_id, Command::RenewBatch { items }).await {
+        let proposed = if self.life.is_refusing() {
+            Err(self.draining_refusal(shard_id))
+        } else {
+            self.propose(shard_id, Command::RenewBatch { items }).await
+        };
+        let err = match proposed {
             Ok(Reply::RenewedBatch(each)) => {
                 return each
                     .into_iter()
@@ -355,6 +447,11 @@ fn forwarded<T>(message: T) -> Request<T> {
         FORWARDED_HEADER,
         tonic::metadata::MetadataValue::from_static("1"),
     );
+    let caller = current_caller();
+    let value = caller.as_deref().unwrap_or("-").parse();
+    if let Ok(value) = value {
+        request.metadata_mut().insert(CALLER_HEADER, value);
+    }
     request
 }
 
@@ -384,9 +481,8 @@ fn renewed(r: Renewed) -> RenewResponse {
     }
 }
 
-#[tonic::async_trait]
-impl LockService for LockServiceImpl {
-    async fn acquire(
+impl LockServiceImpl {
+    async fn serve_acquire(
         &self,
         request: Request<AcquireRequest>,
     ) -> Result<Response<AcquireResponse>, Status> {
@@ -419,7 +515,7 @@ impl LockService for LockServiceImpl {
         .await
     }
 
-    async fn renew(
+    async fn serve_renew(
         &self,
         request: Request<RenewRequest>,
     ) -> Result<Response<RenewResponse>, Status> {
@@ -451,7 +547,7 @@ impl LockService for LockServiceImpl {
         .await
     }
 
-    async fn renew_batch(
+    async fn serve_renew_batch(
         &self,
         request: Request<RenewBatchRequest>,
     ) -> Result<Response<RenewBatchResponse>, Status> {
@@ -508,7 +604,7 @@ impl LockService for LockServiceImpl {
         Ok(Response::new(RenewBatchResponse { results }))
     }
 
-    async fn release(
+    async fn serve_release(
         &self,
         request: Request<ReleaseRequest>,
     ) -> Result<Response<ReleaseResponse>, Status> {
@@ -539,7 +635,10 @@ impl LockService for LockServiceImpl {
         .await
     }
 
-    async fn get(&self, request: Request<GetRequest>) -> Result<Response<GetResponse>, Status> {
+    async fn serve_get(
+        &self,
+        request: Request<GetRequest>,
+    ) -> Result<Response<GetResponse>, Status> {
         let forwarding = may_forward(&request);
         let req = request.into_inner();
         let resource = resource(&req.resource)?;
@@ -553,5 +652,62 @@ impl LockService for LockServiceImpl {
             },
         )
         .await
+    }
+}
+
+#[tonic::async_trait]
+impl LockService for LockServiceImpl {
+    async fn acquire(
+        &self,
+        request: Request<AcquireRequest>,
+    ) -> Result<Response<AcquireResponse>, Status> {
+        let caller = caller_of(&request);
+        self.measured(Op::Acquire, caller, self.serve_acquire(request))
+            .await
+    }
+
+    async fn renew(
+        &self,
+        request: Request<RenewRequest>,
+    ) -> Result<Response<RenewResponse>, Status> {
+        let caller = caller_of(&request);
+        self.measured(Op::Renew, caller, self.serve_renew(request))
+            .await
+    }
+
+    async fn renew_batch(
+        &self,
+        request: Request<RenewBatchRequest>,
+    ) -> Result<Response<RenewBatchResponse>, Status> {
+        let caller = caller_of(&request);
+        let relayed = caller.1;
+        let result = self
+            .measured(Op::RenewBatch, caller, self.serve_renew_batch(request))
+            .await;
+        if let (Ok(response), false) = (&result, relayed) {
+            for r in &response.get_ref().results {
+                self.metrics.requests.batch_item(match &r.outcome {
+                    Some(renew_result::Outcome::Renewed(_)) => Outcome::Ok,
+                    Some(renew_result::Outcome::Error(d)) => Outcome::of_reason(d.reason()),
+                    None => Outcome::Error,
+                });
+            }
+        }
+        result
+    }
+
+    async fn release(
+        &self,
+        request: Request<ReleaseRequest>,
+    ) -> Result<Response<ReleaseResponse>, Status> {
+        let caller = caller_of(&request);
+        self.measured(Op::Release, caller, self.serve_release(request))
+            .await
+    }
+
+    async fn get(&self, request: Request<GetRequest>) -> Result<Response<GetResponse>, Status> {
+        let caller = caller_of(&request);
+        self.measured(Op::Get, caller, self.serve_get(request))
+            .await
     }
 }

@@ -37,6 +37,10 @@ fn dev_cluster_starts_and_the_readme_acquire_works() {
             "4",
             "--base-port",
             &base.to_string(),
+            // The default admin ports (9101-9103) may be taken on a shared
+            // machine; this test does not use them.
+            "--admin-base-port",
+            "0",
             "--dir",
         ])
         .arg(dir.path().join("cluster"))

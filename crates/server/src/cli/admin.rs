@@ -6,9 +6,9 @@ use std::time::Duration;
 use clap::{Args, Subcommand};
 use fencelock_api::v1::admin_service_client::AdminServiceClient;
 use fencelock_api::v1::{
-    reshard_request, AddNodeRequest, BalanceRequest, DrainNodeRequest, ListNodesRequest,
-    ListShardsRequest, MoveReplicaRequest, MoveSlots, NodeState, ReplicaRole, ReshardRequest,
-    ResumeMigration, SlotRange, SplitShard, TransferLeaderRequest,
+    reshard_request, AddNodeRequest, BalanceRequest, DrainNodeRequest, HotResourcesRequest,
+    ListNodesRequest, ListShardsRequest, MoveReplicaRequest, MoveSlots, NodeState, ReplicaRole,
+    ReshardRequest, ResumeMigration, SlotRange, SplitShard, TransferLeaderRequest,
 };
 use tonic::transport::Endpoint;
 
@@ -85,6 +85,13 @@ enum AdminCommand {
     /// migration.
     #[command(subcommand)]
     Reshard(ReshardCommand),
+    /// The most acquired resources right now, over every shard (counts
+    /// decay by half every minute; `contended` found the lock held).
+    Hot {
+        /// Most resources to list (1 to 1000).
+        #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..=1000))]
+        limit: u32,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -319,6 +326,39 @@ pub async fn run(args: AdminArgs) -> u8 {
                         .with("node_id", id)
                         .with("address", addr)
                         .with("map_version", r.into_inner().map_version),
+                )
+            }),
+        AdminCommand::Hot { limit } => admin
+            .hot_resources(HotResourcesRequest { limit })
+            .await
+            .map(|r| {
+                let r = r.into_inner();
+                let rows: Vec<Object> = r
+                    .resources
+                    .iter()
+                    .map(|h| {
+                        Object::new()
+                            .with("resource", h.resource.clone())
+                            .with("shard", h.shard_id)
+                            .with("acquires", h.acquires)
+                            .with("contended", h.contended)
+                            .with("overcount", h.overcount)
+                    })
+                    .collect();
+                let mut human = table(&rows);
+                if !r.shards_missing.is_empty() {
+                    human.push_str(&format!(
+                        "(no answer from the leaders of shards {:?}: their resources are missing)\n",
+                        r.shards_missing
+                    ));
+                }
+                let missing: Vec<String> = r.shards_missing.iter().map(u64::to_string).collect();
+                (
+                    Object::new()
+                        .with("ok", true)
+                        .with("resources", rows.clone())
+                        .with("shards_missing", missing.join(",")),
+                    human,
                 )
             }),
         AdminCommand::Reshard(cmd) => {

@@ -22,8 +22,10 @@ use fencelock_server::config::{NodeConfig, MAX_PEERS};
 
 use super::{ShutdownSignals, EXIT_OK, EXIT_OTHER, EXIT_USAGE};
 
-/// How long the children get to stop after SIGTERM before they are killed.
-const STOP_GRACE: Duration = Duration::from_secs(15);
+/// How long the children get to stop after SIGTERM before they are killed:
+/// more than a node's default graceful drain (`shutdown.drain_timeout_ms`,
+/// 20 s), so a clean stop is never cut short.
+const STOP_GRACE: Duration = Duration::from_secs(30);
 /// The file that marks a directory as made by `fencelock dev`; it holds the
 /// cluster's shape.
 const MARKER_FILE: &str = ".fencelock-dev";
@@ -45,6 +47,10 @@ pub struct DevArgs {
     /// Delete the data of the previous dev cluster in --dir before starting.
     #[arg(long)]
     fresh: bool,
+    /// Admin HTTP port of node 1 (metrics, status page); node N uses
+    /// admin-base-port + N - 1. 0 turns the admin ports off.
+    #[arg(long, default_value_t = 9101)]
+    admin_base_port: u16,
 }
 
 /// One node of the planned cluster.
@@ -52,6 +58,8 @@ pub struct DevArgs {
 struct DevNode {
     id: u64,
     addr: String,
+    /// The admin HTTP address, when enabled.
+    admin: Option<String>,
     config_path: PathBuf,
 }
 
@@ -78,7 +86,7 @@ fn addresses(nodes: u64, base_port: u16) -> Result<BTreeMap<u64, String>, String
 
 /// The TOML config of node `id`. Its data directory is relative, so the dev
 /// directory can be moved as a whole.
-fn config_text(id: u64, peers: &BTreeMap<u64, String>, shards: u32) -> String {
+fn config_text(id: u64, peers: &BTreeMap<u64, String>, shards: u32, admin: Option<&str>) -> String {
     let quote = |s: &str| toml::Value::String(s.to_owned()).to_string();
     let mut text = String::from(
         "# Written by `fencelock dev` and rewritten on every start: edit\n\
@@ -86,6 +94,9 @@ fn config_text(id: u64, peers: &BTreeMap<u64, String>, shards: u32) -> String {
     );
     text.push_str(&format!("node_id = {id}\n"));
     text.push_str(&format!("listen_addr = {}\n", quote(&peers[&id])));
+    if let Some(admin) = admin {
+        text.push_str(&format!("admin_listen_addr = {}\n", quote(admin)));
+    }
     text.push_str(&format!(
         "# Relative to this file's directory.\ndata_dir = {}\n",
         quote(&format!("node{id}"))
@@ -103,6 +114,10 @@ fn config_text(id: u64, peers: &BTreeMap<u64, String>, shards: u32) -> String {
 /// data matches the shape, and writes the configs. Returns the nodes.
 fn prepare(args: &DevArgs) -> Result<(PathBuf, Vec<DevNode>), String> {
     let peers = addresses(args.nodes, args.base_port)?;
+    let admins = match args.admin_base_port {
+        0 => BTreeMap::new(),
+        port => addresses(args.nodes, port)?,
+    };
     let dir = &args.dir;
     std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
     let dir = dir
@@ -144,7 +159,8 @@ fn prepare(args: &DevArgs) -> Result<(PathBuf, Vec<DevNode>), String> {
     let mut nodes = Vec::new();
     for (&id, addr) in &peers {
         let config_path = dir.join(format!("node{id}.toml"));
-        std::fs::write(&config_path, config_text(id, &peers, args.shards))
+        let admin = admins.get(&id).map(String::as_str);
+        std::fs::write(&config_path, config_text(id, &peers, args.shards, admin))
             .map_err(|e| format!("cannot write {}: {e}", config_path.display()))?;
         // The children would refuse a bad config; find out here, once.
         NodeConfig::load(&config_path)
@@ -152,6 +168,7 @@ fn prepare(args: &DevArgs) -> Result<(PathBuf, Vec<DevNode>), String> {
         nodes.push(DevNode {
             id,
             addr: addr.clone(),
+            admin: admins.get(&id).cloned(),
             config_path,
         });
     }
@@ -166,6 +183,15 @@ fn check_ports(nodes: &[DevNode]) -> Result<(), String> {
                 "cannot use {} for node {}: {e}; is another cluster running? choose another --base-port",
                 node.addr, node.id
             ));
+        }
+        if let Some(admin) = &node.admin {
+            if let Err(e) = std::net::TcpListener::bind(admin) {
+                return Err(format!(
+                    "cannot use {admin} for node {}'s admin port: {e}; choose another \
+                     --admin-base-port (0 turns admin ports off)",
+                    node.id
+                ));
+            }
         }
     }
     Ok(())
@@ -317,6 +343,9 @@ pub async fn run(args: DevArgs) -> u8 {
                 live[&node.id],
                 node.config_path.display()
             );
+            if let Some(admin) = &node.admin {
+                println!("          status page http://{admin}/  metrics http://{admin}/metrics");
+            }
         }
         println!(
             "try:  {} acquire demo/hello --ttl-ms 30000 --endpoint http://{}",
@@ -411,6 +440,7 @@ mod tests {
             dir: dir.to_owned(),
             shards: 4,
             fresh,
+            admin_base_port: 0,
         }
     }
 
@@ -419,7 +449,8 @@ mod tests {
         for nodes in 1..=MAX_PEERS as u64 {
             let peers = addresses(nodes, 7001).unwrap();
             for id in 1..=nodes {
-                let config = NodeConfig::from_toml_str(&config_text(id, &peers, 8))
+                let admin = format!("127.0.0.1:{}", 9100 + id);
+                let config = NodeConfig::from_toml_str(&config_text(id, &peers, 8, Some(&admin)))
                     .unwrap_or_else(|e| panic!("{nodes} nodes, node {id}: {e}"));
                 assert_eq!(config.node_id, id);
                 assert_eq!(config.peer_map(), peers);
@@ -482,6 +513,7 @@ mod tests {
         let node = DevNode {
             id: 1,
             addr,
+            admin: None,
             config_path: PathBuf::new(),
         };
         let err = check_ports(&[node]).unwrap_err();

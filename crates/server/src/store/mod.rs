@@ -19,8 +19,12 @@
 //! committed by a majority and applied. Waiting acquires stay registered
 //! until an event from a later apply (grant, timeout, cancel) ends them.
 
+mod hot;
+mod observe;
 mod payload;
 
+pub use hot::{HotEntry, HOT_REPORTED_PER_SHARD};
+pub use observe::Observers;
 pub use payload::{decode_payload, decode_state, encode_payload, encode_state, Payload};
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -73,6 +77,10 @@ pub enum Responder {
 
 pub type MetaResult = Result<(PlacementReply, PlacementMap), ServerError>;
 
+/// Who asked for a command, for the audit log: the client's address as the
+/// node that received the call saw it (`None` for the node's own commands).
+pub type Caller = Option<Arc<str>>;
+
 /// How a new replica of a shard starts on this node.
 #[derive(Clone, Debug)]
 pub enum PeerInit {
@@ -96,6 +104,7 @@ pub enum StoreMsg {
         shard_id: u64,
         command: Command,
         responder: Responder,
+        caller: Caller,
     },
     Read {
         shard_id: u64,
@@ -157,6 +166,16 @@ struct Pending {
     term: u64,
     proposed_at: Instant,
     responders: Vec<Responder>,
+    /// Parallel to `responders` for lock commands; empty otherwise.
+    callers: Vec<Caller>,
+}
+
+/// What `take_pending` found for an entry.
+#[derive(Default)]
+struct Taken {
+    responders: Vec<Responder>,
+    callers: Vec<Caller>,
+    proposed_at: Option<Instant>,
 }
 
 struct PendingRead {
@@ -171,6 +190,7 @@ struct PendingRead {
 struct Waiting {
     resource: ResourceName,
     tx: oneshot::Sender<AcquireResult>,
+    caller: Caller,
 }
 
 /// The leader's clock: wall time read once at election plus monotonic time
@@ -203,7 +223,7 @@ struct Peer {
     table: LockTable,
     /// The placement map, on replicas of the meta shard only.
     placement: Option<PlacementMap>,
-    queued: Vec<(Command, Responder)>,
+    queued: Vec<(Command, Responder, Caller)>,
     meta_queued: Vec<(PlacementCommand, oneshot::Sender<MetaResult>)>,
     pending: HashMap<u64, Pending>,
     reads: HashMap<u64, PendingRead>,
@@ -221,6 +241,10 @@ struct Peer {
     applied_term: u64,
     last_snapshot_index: u64,
     snapshots_installed: u64,
+    /// Since when this replica has known no leader.
+    leaderless_since: Option<Instant>,
+    /// The hottest resources, counted while this replica leads.
+    hot: hot::HotCounter,
 }
 
 impl Peer {
@@ -230,6 +254,11 @@ impl Peer {
 
     /// Remembers who waits for the entry proposed with context `id`.
     fn track(&mut self, id: u64, responders: Vec<Responder>) {
+        self.track_commands(id, responders, Vec::new());
+    }
+
+    /// [`Peer::track`] for lock commands, with who asked for each.
+    fn track_commands(&mut self, id: u64, responders: Vec<Responder>, callers: Vec<Caller>) {
         let term = self.raw.raft.term;
         self.pending.insert(
             id,
@@ -237,6 +266,7 @@ impl Peer {
                 term,
                 proposed_at: Instant::now(),
                 responders,
+                callers,
             },
         );
     }
@@ -266,6 +296,11 @@ pub struct ShardStatus {
     /// Slots this replica's table serves.
     pub owned_slots: u32,
     pub pending_exports: Vec<u64>,
+    /// How long this replica has known no leader (0 while it knows one).
+    pub leaderless_ms: u64,
+    /// The hottest resources while this replica leads, most acquired first
+    /// (at most [`HOT_REPORTED_PER_SHARD`]).
+    pub hot: Vec<HotEntry>,
 }
 
 pub struct Store {
@@ -281,6 +316,8 @@ pub struct Store {
     /// Deferred, unsynced writes (commit index, applied snapshots): flushed
     /// with the next synced batch, or at the end of the iteration.
     deferred: WriteBatch,
+    /// Metrics (thread-local, flushed per tick) and the audit sink.
+    obs: Observers,
 }
 
 /// The store's side of the channel pair: requests come in here.
@@ -297,6 +334,7 @@ impl Store {
         inbox: Receiver<StoreMsg>,
         status: Arc<std::sync::Mutex<Vec<ShardStatus>>>,
         router: Arc<Router>,
+        obs: Observers,
     ) -> Result<Store, ServerError> {
         use fencelock_raftstore::{meta, Engine};
         let storage_err = |e: fencelock_raftstore::Error| ServerError::Storage(e.to_string());
@@ -369,6 +407,7 @@ impl Store {
             next_id: 1,
             status,
             deferred: WriteBatch::new(),
+            obs,
         };
         for shard_id in shards {
             let storage =
@@ -438,6 +477,8 @@ impl Store {
                 applied_term,
                 last_snapshot_index: applied,
                 snapshots_installed: 0,
+                leaderless_since: None,
+                hot: hot::HotCounter::new(Instant::now()),
             },
         );
         Ok(())
@@ -485,11 +526,20 @@ impl Store {
             // tick is fresh enough and keeps the lock off the busy path.
             if ticked {
                 self.publish_status();
+                self.obs.metrics.flush();
             }
             if stop {
                 break;
             }
         }
+        // Flush: the deferred, unsynced writes (commit index, applied
+        // index, snapshots) go to disk before the database closes, so a
+        // clean restart replays nothing it had already applied.
+        let deferred = std::mem::take(&mut self.deferred);
+        if !deferred.is_empty() {
+            self.write_or_die(&deferred, true);
+        }
+        self.obs.metrics.flush();
         self.fail_everything(|_| ServerError::ShuttingDown);
     }
 
@@ -499,8 +549,9 @@ impl Store {
                 shard_id,
                 command,
                 responder,
+                caller,
             } => match self.ready_peer(shard_id) {
-                Ok(peer) => peer.queued.push((command, responder)),
+                Ok(peer) => peer.queued.push((command, responder, caller)),
                 Err(e) => respond_err(responder, e),
             },
             StoreMsg::Read {
@@ -776,6 +827,7 @@ impl Store {
                                 lease_id,
                             },
                             Responder::None,
+                            w.caller,
                         ));
                     }
                 }
@@ -797,7 +849,11 @@ impl Store {
         }
         for shard_id in ticks {
             let peer = self.peers.get_mut(&shard_id).expect("listed above");
-            peer.queued.push((Command::Tick, Responder::None));
+            peer.queued.push((Command::Tick, Responder::None, None));
+        }
+        let now = Instant::now();
+        for peer in self.peers.values_mut() {
+            peer.hot.decay(now);
         }
     }
 
@@ -830,18 +886,24 @@ impl Store {
                     break;
                 }
                 let take = peer.queued.len().min(max);
-                let chunk: Vec<(Command, Responder)> = peer.queued.drain(..take).collect();
+                let chunk: Vec<(Command, Responder, Caller)> = peer.queued.drain(..take).collect();
                 let id = self.next_proposal_id();
                 let peer = self.peers.get_mut(&shard_id).expect("listed");
                 let Some(clock) = peer.clock.filter(|_| peer.is_leader()) else {
                     let hint_err = ServerError::LeaderUnknown { shard_id };
-                    for (_, r) in chunk {
+                    for (_, r, _) in chunk {
                         respond_err(r, hint_err.clone());
                     }
                     continue;
                 };
-                let (commands, responders): (Vec<Command>, Vec<Responder>) =
-                    chunk.into_iter().unzip();
+                let mut commands = Vec::with_capacity(chunk.len());
+                let mut responders = Vec::with_capacity(chunk.len());
+                let mut callers = Vec::with_capacity(chunk.len());
+                for (command, responder, caller) in chunk {
+                    commands.push(command);
+                    responders.push(responder);
+                    callers.push(caller);
+                }
                 let is_tick = commands.iter().any(|c| matches!(c, Command::Tick));
                 let data = encode_payload(clock.now_ms(), &commands);
                 match peer.raw.propose(id.to_be_bytes().to_vec(), data) {
@@ -849,7 +911,8 @@ impl Store {
                         if is_tick {
                             peer.tick_in_flight = Some(id);
                         }
-                        peer.track(id, responders);
+                        self.obs.metrics.commands_since_sync += commands.len() as u64;
+                        peer.track_commands(id, responders, callers);
                     }
                     Err(_) => {
                         for r in responders {
@@ -892,6 +955,8 @@ impl Store {
         let mut readies = Vec::new();
         let mut outbox: HashMap<u64, Vec<Envelope>> = HashMap::new();
         let mut failed = false;
+        let mut entries_staged = 0u64;
+        let mut snapshots_sent = 0u64;
         for (shard_id, peer) in self.peers.iter_mut() {
             if !peer.raw.has_ready() {
                 continue;
@@ -899,10 +964,14 @@ impl Store {
             let mut rd = peer.raw.ready();
             if let Some(ss) = rd.ss() {
                 let role = ss.raft_state;
+                if role == StateRole::Leader && peer.clock.is_none() {
+                    self.obs.metrics.leader_changes.inc();
+                }
                 on_role_change(peer, role);
             }
+            entries_staged += rd.entries().len() as u64;
             // A leader may send before persisting (Raft thesis 10.2.1).
-            queue_messages(&mut outbox, *shard_id, rd.take_messages());
+            snapshots_sent += queue_messages(&mut outbox, *shard_id, rd.take_messages());
             let store = peer.raw.mut_store();
             let mut snapshot_data = None;
             if !rd.snapshot().is_empty() {
@@ -925,7 +994,7 @@ impl Store {
                     r.index = Some(rs.index);
                 }
             }
-            readies.push((*shard_id, rd, snapshot_data));
+            readies.push((*shard_id, rd, snapshot_data, Instant::now()));
         }
         if readies.is_empty() {
             if !batch.is_empty() {
@@ -942,13 +1011,31 @@ impl Store {
             // from the durable state.
             panic!("fencelock: staging a Raft ready failed; stopping the node");
         }
+        let synced_at = Instant::now();
+        // Failpoints (feature `failpoints`, docs/testing.md): a slow disk on
+        // a leader, and a crash with entries durable but nothing answered.
+        if self.peers.values().any(Peer::is_leader) {
+            fail::fail_point!("store::leader_sync");
+        }
         self.write_or_die(&batch, true);
+        fail::fail_point!("store::after_persist");
+        let m = &mut self.obs.metrics;
+        m.fsync_seconds.observe(synced_at.elapsed().as_secs_f64());
+        m.fsync_entries.observe(entries_staged as f64);
+        m.fsync_commands
+            .observe(std::mem::take(&mut m.commands_since_sync) as f64);
         self.send_outbox(outbox);
         let mut outbox: HashMap<u64, Vec<Envelope>> = HashMap::new();
-        for (shard_id, mut rd, snapshot) in readies {
+        for (shard_id, mut rd, snapshot, committed_at) in readies {
             let peer = self.peers.get_mut(&shard_id).expect("listed");
+            let mut obs = observe::ApplyObs {
+                metrics: &mut self.obs.metrics,
+                audit: &self.obs.audit,
+                committed_at,
+            };
             peer.raw.mut_store().on_persisted();
             if let Some(snap) = snapshot {
+                fail::fail_point!("store::snapshot_install");
                 match decode_state(snap.get_data()) {
                     Ok((table, placement)) => {
                         peer.table = table;
@@ -957,14 +1044,20 @@ impl Store {
                         peer.applied_term = snap.get_metadata().term;
                         peer.last_snapshot_index = peer.applied_index;
                         peer.snapshots_installed += 1;
+                        obs.metrics.snapshots_installed.inc();
                     }
                     Err(e) => {
                         panic!("fencelock: shard {shard_id} received a corrupt snapshot: {e}")
                     }
                 }
             }
-            queue_messages(&mut outbox, shard_id, rd.take_persisted_messages());
-            apply_entries(peer, rd.take_committed_entries(), &mut self.deferred);
+            snapshots_sent += queue_messages(&mut outbox, shard_id, rd.take_persisted_messages());
+            apply_entries(
+                peer,
+                rd.take_committed_entries(),
+                &mut self.deferred,
+                &mut obs,
+            );
             let mut light = peer.raw.advance(rd);
             if let Some(commit) = light.commit_index() {
                 let _ = peer
@@ -972,8 +1065,15 @@ impl Store {
                     .mut_store()
                     .set_commit_index(commit, &mut self.deferred);
             }
-            queue_messages(&mut outbox, shard_id, light.take_messages());
-            apply_entries(peer, light.take_committed_entries(), &mut self.deferred);
+            snapshots_sent += queue_messages(&mut outbox, shard_id, light.take_messages());
+            // Entries the light ready commits were learned just now.
+            obs.committed_at = Instant::now();
+            apply_entries(
+                peer,
+                light.take_committed_entries(),
+                &mut self.deferred,
+                &mut obs,
+            );
             peer.raw.advance_apply();
             // Informational on disk (restart replays from the snapshot), but
             // it tells operators and tools how far each replica had applied.
@@ -993,13 +1093,16 @@ impl Store {
                 // Not applied that far yet: ask again next time.
                 peer.raw.store().request_snapshot(requested.unwrap_or(0));
             }
-            maybe_snapshot(
+            if maybe_snapshot(
                 peer,
                 self.config.raft.snapshot_interval_entries,
                 force,
                 &mut self.deferred,
-            );
+            ) {
+                obs.metrics.snapshots_taken.inc();
+            }
         }
+        self.obs.metrics.snapshots_sent.inc_by(snapshots_sent);
         self.send_outbox(outbox);
         true
     }
@@ -1019,7 +1122,15 @@ impl Store {
         }
     }
 
-    fn publish_status(&self) {
+    fn publish_status(&mut self) {
+        let now = Instant::now();
+        for p in self.peers.values_mut() {
+            if p.raw.raft.leader_id == 0 {
+                p.leaderless_since.get_or_insert(now);
+            } else {
+                p.leaderless_since = None;
+            }
+        }
         let status: Vec<ShardStatus> = self
             .peers
             .values()
@@ -1040,6 +1151,15 @@ impl Store {
                     learners: conf.learners.clone(),
                     owned_slots: p.table.owned_slots().len(),
                     pending_exports: p.table.pending_exports(),
+                    leaderless_ms: p
+                        .leaderless_since
+                        .map(|t| now.duration_since(t).as_millis() as u64)
+                        .unwrap_or(0),
+                    hot: if p.is_leader() {
+                        p.hot.top(HOT_REPORTED_PER_SHARD)
+                    } else {
+                        Vec::new()
+                    },
                 }
             })
             .collect();
@@ -1066,7 +1186,7 @@ fn fail_peer(peer: &mut Peer, e: ServerError) {
             respond_err(r, e.clone());
         }
     }
-    for (_, r) in peer.queued.drain(..) {
+    for (_, r, _) in peer.queued.drain(..) {
         respond_err(r, e.clone());
     }
     for (_, tx) in peer.meta_queued.drain(..) {
@@ -1080,13 +1200,23 @@ fn fail_peer(peer: &mut Peer, e: ServerError) {
     }
 }
 
-fn queue_messages(outbox: &mut HashMap<u64, Vec<Envelope>>, shard_id: u64, msgs: Vec<Message>) {
+/// Puts `msgs` in `outbox` by destination; returns how many are snapshots.
+fn queue_messages(
+    outbox: &mut HashMap<u64, Vec<Envelope>>,
+    shard_id: u64,
+    msgs: Vec<Message>,
+) -> u64 {
+    let mut snapshots = 0;
     for msg in msgs {
+        if msg.get_msg_type() == raft::prelude::MessageType::MsgSnapshot {
+            snapshots += 1;
+        }
         outbox
             .entry(msg.to)
             .or_default()
             .push(Envelope { shard_id, msg });
     }
+    snapshots
 }
 
 fn on_role_change(peer: &mut Peer, role: StateRole) {
@@ -1102,6 +1232,7 @@ fn on_role_change(peer: &mut Peer, role: StateRole) {
         return;
     }
     peer.clock = None;
+    peer.hot.clear();
     peer.needs_leader_changed = false;
     peer.leader_changed_at = None;
     peer.tick_in_flight = None;
@@ -1113,7 +1244,7 @@ fn on_role_change(peer: &mut Peer, role: StateRole) {
             respond_err(r, ServerError::OutcomeUnknown { shard_id });
         }
     }
-    for (_, r) in peer.queued.drain(..) {
+    for (_, r, _) in peer.queued.drain(..) {
         respond_err(r, ServerError::LeaderUnknown { shard_id });
     }
     for (_, tx) in peer.meta_queued.drain(..) {
@@ -1127,14 +1258,27 @@ fn on_role_change(peer: &mut Peer, role: StateRole) {
     }
 }
 
-fn apply_entries(peer: &mut Peer, entries: Vec<Entry>, batch: &mut WriteBatch) {
+fn apply_entries(
+    peer: &mut Peer,
+    entries: Vec<Entry>,
+    batch: &mut WriteBatch,
+    obs: &mut observe::ApplyObs<'_>,
+) {
     for entry in entries {
         if entry.index <= peer.applied_index {
             continue;
         }
         peer.applied_index = entry.index;
         peer.applied_term = entry.term;
-        let responders = take_pending(peer, &entry);
+        let Taken {
+            responders,
+            callers,
+            proposed_at,
+        } = take_pending(peer, &entry);
+        if let Some(at) = proposed_at {
+            let seconds = obs.committed_at.saturating_duration_since(at).as_secs_f64();
+            obs.metrics.propose_commit_seconds.observe(seconds);
+        }
         if entry.get_entry_type() == EntryType::EntryConfChange {
             apply_conf_change(peer, &entry, responders, batch);
             continue;
@@ -1166,6 +1310,10 @@ fn apply_entries(peer: &mut Peer, entries: Vec<Entry>, batch: &mut WriteBatch) {
             }
         };
         let mut responders = responders.into_iter();
+        let mut callers = callers.into_iter();
+        // Counted and audited by the leader only: followers apply the same
+        // entries, and every change should be told once.
+        let leader = peer.is_leader();
         for command in &commands {
             // The table's own epoch: an import moves it mid-entry, and the
             // commands after it belong to the new epoch.
@@ -1176,12 +1324,24 @@ fn apply_entries(peer: &mut Peer, entries: Vec<Entry>, batch: &mut WriteBatch) {
                 now_ms,
             };
             let outcome = peer.table.apply(command, &ctx);
+            let caller = callers.next().flatten();
+            let at = observe::At {
+                shard_id: peer.shard_id,
+                index: entry.index,
+                now_ms,
+            };
+            if leader {
+                observe::command_applied(&mut peer.hot, command, &outcome.reply, &caller, at, obs);
+            }
             for event in &outcome.events {
-                on_event(peer, event);
+                on_event(peer, event, leader.then_some((&caller, at)), obs);
             }
             let responder = responders.next().unwrap_or(Responder::None);
-            respond(peer, responder, outcome.reply);
+            respond(peer, responder, outcome.reply, caller);
         }
+        obs.metrics
+            .commit_apply_seconds
+            .observe(obs.committed_at.elapsed().as_secs_f64());
     }
 }
 
@@ -1210,9 +1370,9 @@ fn apply_placement(peer: &mut Peer, commands: &[PlacementCommand], responders: V
 
 /// Who waits for `entry`: the responders of this node's proposal, if the
 /// entry is that proposal (same context id, same term); otherwise nobody.
-fn take_pending(peer: &mut Peer, entry: &Entry) -> Vec<Responder> {
+fn take_pending(peer: &mut Peer, entry: &Entry) -> Taken {
     let Some(id) = u64_from_ctx(&entry.context) else {
-        return Vec::new();
+        return Taken::default();
     };
     if peer.tick_in_flight == Some(id) {
         peer.tick_in_flight = None;
@@ -1221,9 +1381,13 @@ fn take_pending(peer: &mut Peer, entry: &Entry) -> Vec<Responder> {
         Some(p) if p.term == entry.term => peer
             .pending
             .remove(&id)
-            .map(|p| p.responders)
+            .map(|p| Taken {
+                responders: p.responders,
+                callers: p.callers,
+                proposed_at: Some(p.proposed_at),
+            })
             .unwrap_or_default(),
-        _ => Vec::new(),
+        _ => Taken::default(),
     }
 }
 
@@ -1255,7 +1419,10 @@ fn respond(
     peer: &mut Peer,
     responder: Responder,
     reply: Result<Reply, fencelock_statemachine::LockError>,
+    caller: Caller,
 ) {
+    // Failpoint: the entry committed and applied, the answer lost.
+    fail::fail_point!("store::drop_reply", |_| {});
     match responder {
         Responder::None => {}
         Responder::Reply(tx) => {
@@ -1273,7 +1440,14 @@ fn respond(
             Ok(Reply::Acquire(a)) => {
                 if let AcquireStatus::Queued { .. } = a.status {
                     // Answered when a later apply grants or ends the wait.
-                    peer.waiting.insert(a.lease_id, Waiting { resource, tx });
+                    peer.waiting.insert(
+                        a.lease_id,
+                        Waiting {
+                            resource,
+                            tx,
+                            caller,
+                        },
+                    );
                 } else {
                     let _ = tx.send(finish_acquire(peer.table.epoch(), a));
                 }
@@ -1290,7 +1464,25 @@ fn respond(
     }
 }
 
-fn on_event(peer: &mut Peer, event: &Event) {
+/// Answers the waiting RPC an event concerns, and (on the leader: `audit`
+/// given) counts and audits it.
+fn on_event(
+    peer: &mut Peer,
+    event: &Event,
+    audit: Option<(&Caller, observe::At)>,
+    obs: &mut observe::ApplyObs<'_>,
+) {
+    if let Some((caller, at)) = audit {
+        let waiter = match event {
+            Event::Granted { lease_id, .. }
+            | Event::WaitEnded { lease_id, .. }
+            | Event::WaitMoved { lease_id, .. } => {
+                peer.waiting.get(lease_id).and_then(|w| w.caller.clone())
+            }
+            Event::LeaseEnded { .. } => None,
+        };
+        observe::event_applied(event, caller, waiter, at, obs);
+    }
     match event {
         Event::Granted {
             lease_id,
@@ -1380,11 +1572,12 @@ fn serve_reads(peer: &mut Peer) {
 /// Saves a state-machine snapshot and truncates the log behind it every
 /// `interval` applied entries, or now when `force` (raft-rs needs a snapshot
 /// newer than the saved one) and something was applied since.
-fn maybe_snapshot(peer: &mut Peer, interval: u64, force: bool, batch: &mut WriteBatch) {
+/// Returns whether it took one.
+fn maybe_snapshot(peer: &mut Peer, interval: u64, force: bool, batch: &mut WriteBatch) -> bool {
     if peer.applied_index < peer.last_snapshot_index + interval
         && !(force && peer.applied_index > peer.last_snapshot_index)
     {
-        return;
+        return false;
     }
     let data = encode_state(&peer.table, peer.placement.as_ref());
     // Raft's own view: a configuration change applied in this iteration may
@@ -1401,7 +1594,9 @@ fn maybe_snapshot(peer: &mut Peer, interval: u64, force: bool, batch: &mut Write
         if compact_to > store.truncated().0 {
             let _ = store.compact(compact_to, batch);
         }
+        return true;
     }
+    false
 }
 
 fn respond_err(responder: Responder, err: ServerError) {

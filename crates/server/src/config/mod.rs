@@ -28,7 +28,19 @@
 //! part of every shard's replicated state, and replicas applying different
 //! rules to the same log would disagree.
 //!
-//! `deploy/dev/node1.toml` documents every key.
+//! Any key may be overridden by an environment variable
+//! (`FENCELOCK_RAFT_TICK_INTERVAL_MS=50`) or a `--set raft.tick_interval_ms=50`
+//! flag ([`overrides`]); [`NodeConfig::load_with`] applies them before
+//! validating. `docs/configuration.md` documents every key with its default
+//! (a test checks that it does).
+
+mod ops;
+pub mod overrides;
+
+pub use ops::{
+    AuditConfig, AuditTargetKind, LogConfig, LogFormat, ShutdownConfig, MAX_DRAIN_TIMEOUT_MS,
+};
+pub use overrides::Override;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Display;
@@ -39,7 +51,7 @@ use std::time::Duration;
 
 use fencelock_statemachine::limits::MAX_CLOCK_OFFSET_ALLOWANCE_MS;
 use fencelock_statemachine::Limits;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 /// Most members a cluster may start with. Raft groups of more than seven
 /// replicas pay more in write fan-out than they gain in fault tolerance.
@@ -53,7 +65,7 @@ pub const MAX_CONFIG_FILE_BYTES: u64 = 1 << 20;
 /// One node's configuration. Build it with [`NodeConfig::load`],
 /// [`NodeConfig::from_toml_str`] (both validate) or [`NodeConfig::for_test`];
 /// call [`NodeConfig::validate`] after changing fields in code.
-#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct NodeConfig {
     /// This node's id in the cluster, at least 1. Must appear in `peers`.
@@ -67,6 +79,11 @@ pub struct NodeConfig {
     /// address they know this node by.
     #[serde(default)]
     pub advertise_addr: Option<String>,
+    /// The `ip:port` of the admin HTTP endpoint: Prometheus metrics at
+    /// `/metrics`, the operator status page at `/`, `/healthz`. Off when
+    /// absent (the default). Must differ from `listen_addr`.
+    #[serde(default)]
+    pub admin_listen_addr: Option<String>,
     /// Where the node keeps its RocksDB store. In a file loaded with
     /// [`NodeConfig::load`], a relative path is relative to the file's
     /// directory.
@@ -95,10 +112,19 @@ pub struct NodeConfig {
     /// Lease defaults and the state machine's limits.
     #[serde(default)]
     pub lock: LockConfig,
+    /// Log output: filter and format.
+    #[serde(default)]
+    pub log: LogConfig,
+    /// The audit log: where, and whether renewals are included.
+    #[serde(default)]
+    pub audit: AuditConfig,
+    /// Graceful shutdown bounds.
+    #[serde(default)]
+    pub shutdown: ShutdownConfig,
 }
 
 /// One member of the initial cluster.
-#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct PeerConfig {
     /// The member's node id, at least 1.
@@ -108,7 +134,7 @@ pub struct PeerConfig {
 }
 
 /// The `[raft]` section.
-#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct RaftConfig {
     /// One Raft logical clock tick, 10..=1000 ms (default 100).
@@ -174,7 +200,7 @@ impl RaftConfig {
 
 /// The `[lock]` section: the default lease TTL and every field of
 /// [`Limits`], with the same defaults.
-#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct LockConfig {
     /// TTL of a lease whose acquire asks for 0 (default 30000 ms). Must lie
@@ -367,6 +393,17 @@ impl NodeConfig {
     /// is taken relative to the file's directory, so the node finds the same
     /// data whatever directory it was started from.
     pub fn load(path: impl AsRef<Path>) -> Result<NodeConfig, ConfigError> {
+        Self::load_with(path, &[])
+    }
+
+    /// [`NodeConfig::load`] with `overrides` (environment, flags) applied
+    /// over the file, in order, before validation. Relative paths in the
+    /// file (`data_dir`, `audit.path`) are relative to the file's
+    /// directory; relative paths in overrides to the current directory.
+    pub fn load_with(
+        path: impl AsRef<Path>,
+        overrides: &[Override],
+    ) -> Result<NodeConfig, ConfigError> {
         let path = path.as_ref();
         let read_error = |source| ConfigError::Read {
             path: path.to_owned(),
@@ -382,13 +419,65 @@ impl NodeConfig {
             });
         }
         let text = std::fs::read_to_string(path).map_err(read_error)?;
-        let mut config = parse(&text, Some(path))?;
-        if config.data_dir.is_relative() && !config.data_dir.as_os_str().is_empty() {
-            let base = path.parent().unwrap_or(Path::new(""));
-            config.data_dir = base.join(&config.data_dir);
-        }
-        config.validate()?;
+        let parse_error = |message: String| ConfigError::Parse {
+            path: Some(path.to_owned()),
+            message,
+        };
+        let base = path.parent().unwrap_or(Path::new(""));
+        let config = if overrides.is_empty() {
+            // Straight from the text: errors point at the offending line.
+            let mut config = parse(&text, Some(path))?;
+            for p in [Some(&mut config.data_dir), config.audit.path.as_mut()]
+                .into_iter()
+                .flatten()
+            {
+                if p.is_relative() && !p.as_os_str().is_empty() {
+                    *p = base.join(&*p);
+                }
+            }
+            config
+        } else {
+            Self::parse_with(&text, base, overrides, parse_error)?
+        };
+        config.validate().map_err(|e| match e {
+            // Say where an overridden bad value came from.
+            ConfigError::Invalid { key, reason } => {
+                match overrides.iter().rev().find(|o| o.key == key) {
+                    Some(o) => ConfigError::Invalid {
+                        reason: format!("{reason} (set by {})", o.source),
+                        key,
+                    },
+                    None => ConfigError::Invalid { key, reason },
+                }
+            }
+            other => other,
+        })?;
         Ok(config)
+    }
+
+    /// Parses `text` as a table, applies `overrides`, then reads the
+    /// configuration from the result.
+    fn parse_with(
+        text: &str,
+        base: &Path,
+        overrides: &[Override],
+        parse_error: impl Fn(String) -> ConfigError,
+    ) -> Result<NodeConfig, ConfigError> {
+        let mut table: toml::Table = toml::from_str(text)
+            .map_err(|e: toml::de::Error| parse_error(e.to_string().trim_end().to_owned()))?;
+        resolve_relative(&mut table, "data_dir", None, base);
+        resolve_relative(&mut table, "path", Some("audit"), base);
+        overrides::apply(&mut table, overrides)?;
+        toml::Value::Table(table)
+            .try_into()
+            .map_err(|e: toml::de::Error| {
+                let sources: Vec<&str> = overrides.iter().map(|o| o.source.as_str()).collect();
+                parse_error(format!(
+                    "{} (after overrides from {})",
+                    e.to_string().trim_end(),
+                    sources.join(", ")
+                ))
+            })
     }
 
     /// Checks every value; the error names the first bad key and its allowed
@@ -398,7 +487,15 @@ impl NodeConfig {
         check_range("shard_count", self.shard_count, 1, MAX_SHARDS)?;
         check_range("replication_factor", self.replication_factor, 1, 7)?;
         self.validate_raft()?;
-        self.validate_lock()
+        self.validate_lock()?;
+        self.log.validate()?;
+        self.audit.validate()?;
+        self.shutdown.validate()
+    }
+
+    /// Where the audit log goes.
+    pub fn audit_target(&self) -> crate::audit::AuditTarget {
+        self.audit.target()
     }
 
     fn validate_identity(&self) -> Result<(), ConfigError> {
@@ -422,6 +519,27 @@ impl NodeConfig {
         }
         if self.data_dir.as_os_str().is_empty() {
             return Err(ConfigError::invalid("data_dir", "must not be empty"));
+        }
+        if let Some(admin) = &self.admin_listen_addr {
+            let parsed = admin.parse::<SocketAddr>().map_err(|_| {
+                ConfigError::invalid(
+                    "admin_listen_addr",
+                    format!("must be `ip:port` (for example \"0.0.0.0:9100\"), got {admin:?}"),
+                )
+            })?;
+            let same_port = self
+                .listen_addr
+                .parse::<SocketAddr>()
+                .is_ok_and(|l| l.port() == parsed.port() && l.port() != 0);
+            if same_port {
+                return Err(ConfigError::invalid(
+                    "admin_listen_addr",
+                    format!(
+                        "must use another port than listen_addr ({}), got {admin:?}",
+                        self.listen_addr
+                    ),
+                ));
+            }
         }
 
         if self.peers.is_empty() || self.peers.len() > MAX_PEERS {
@@ -654,6 +772,7 @@ impl NodeConfig {
             node_id,
             listen_addr,
             advertise_addr: None,
+            admin_listen_addr: None,
             data_dir: data_dir.into(),
             peers,
             shard_count: 4,
@@ -671,6 +790,12 @@ impl NodeConfig {
                 clock_offset_allowance_ms: 100,
             },
             lock: LockConfig::default(),
+            log: LogConfig::default(),
+            audit: AuditConfig::default(),
+            // Tests stop nodes often; a bounded, short drain keeps them fast.
+            shutdown: ShutdownConfig {
+                drain_timeout_ms: 5_000,
+            },
         };
         if let Err(e) = config.validate() {
             panic!("for_test: the test config does not validate: {e}");
@@ -684,4 +809,22 @@ fn parse(text: &str, path: Option<&Path>) -> Result<NodeConfig, ConfigError> {
         path: path.map(Path::to_owned),
         message: e.to_string().trim_end().to_owned(),
     })
+}
+
+/// Makes the relative path at `key` (in `section`, or top-level) relative to
+/// `base` instead of the current directory.
+fn resolve_relative(table: &mut toml::Table, key: &str, section: Option<&str>, base: &Path) {
+    let holder = match section {
+        Some(name) => match table.get_mut(name).and_then(|v| v.as_table_mut()) {
+            Some(t) => t,
+            None => return,
+        },
+        None => table,
+    };
+    if let Some(toml::Value::String(p)) = holder.get_mut(key) {
+        let path = Path::new(p.as_str());
+        if path.is_relative() && !p.is_empty() {
+            *p = base.join(path).to_string_lossy().into_owned();
+        }
+    }
 }

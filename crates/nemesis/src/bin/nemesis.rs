@@ -1,0 +1,186 @@
+//! `nemesis`: run a chaos test, re-check a recorded history, or (internal)
+//! be a lock-holding client process.
+//!
+//! ```text
+//! nemesis run   [--seed N] [--duration-secs N] [--faults LIST] [--out DIR]
+//! nemesis check HISTORY.jsonl [--liveness-bound-ms N]
+//! nemesis hold  ...            (started by the harness)
+//! ```
+//!
+//! Exit codes: 0 every check passed, 1 a check failed or a node crashed,
+//! 2 bad usage or the run could not be set up.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+use fencelock_nemesis::check::{check_all, CheckConfig};
+use fencelock_nemesis::harness::{self, holder, run};
+use fencelock_nemesis::history::{read_jsonl, History};
+use fencelock_nemesis::report::Report;
+use fencelock_nemesis::schedule::parse_kinds;
+
+const EXIT_FAILED: u8 = 1;
+const EXIT_USAGE: u8 = 2;
+
+#[derive(Parser)]
+#[command(
+    name = "nemesis",
+    about = "Fault injection and history checking for fencelock"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Start a cluster in network namespaces, load it, inject faults, check.
+    Run {
+        /// Seed of the fault schedule (default: from the clock; printed).
+        #[arg(long, env = "FENCELOCK_CHAOS_SEED")]
+        seed: Option<u64>,
+        /// Seconds of faults (every selected kind runs at least once).
+        #[arg(long, env = "FENCELOCK_CHAOS_SECS", default_value_t = 120)]
+        duration_secs: u64,
+        /// Comma-separated fault kinds, or `all`.
+        #[arg(long, env = "FENCELOCK_CHAOS_FAULTS", default_value = "all")]
+        faults: String,
+        /// Keep history, configs, data and logs here (default: a temporary
+        /// directory, kept only if a check fails).
+        #[arg(long)]
+        out: Option<PathBuf>,
+        /// Lock client tasks.
+        #[arg(long, default_value_t = 6)]
+        clients: u64,
+    },
+    /// Check a recorded history (JSONL) again.
+    Check {
+        history: PathBuf,
+        #[arg(long, default_value_t = fencelock_nemesis::check::DEFAULT_LIVENESS_BOUND_MS)]
+        liveness_bound_ms: u64,
+        #[arg(long, default_value_t = fencelock_nemesis::check::DEFAULT_LINEAR_MAX_STEPS)]
+        linear_max_steps: u64,
+    },
+    /// A lock-holding client process (started by the harness).
+    #[command(hide = true)]
+    Hold {
+        #[arg(long)]
+        process: u64,
+        #[arg(long)]
+        resource: String,
+        #[arg(long, value_delimiter = ',')]
+        endpoints: Vec<String>,
+        #[arg(long)]
+        fence: String,
+        #[arg(long)]
+        ttl_ms: u64,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(4)
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    ExitCode::from(runtime.block_on(async_main(cli)))
+}
+
+async fn async_main(cli: Cli) -> u8 {
+    match cli.command {
+        Cmd::Run {
+            seed,
+            duration_secs,
+            faults,
+            out,
+            clients,
+        } => {
+            let kinds = match parse_kinds(&faults) {
+                Ok(k) => k,
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    return EXIT_USAGE;
+                }
+            };
+            let bin = match harness::fencelock_bin() {
+                Ok(b) => b,
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    return EXIT_USAGE;
+                }
+            };
+            let me = std::env::current_exe().expect("own executable path");
+            let seed = seed.unwrap_or_else(fencelock_nemesis::clock::monotonic_ns);
+            let mut cfg = run::RunConfig::new(seed, Duration::from_secs(duration_secs), bin, me);
+            cfg.kinds = kinds;
+            cfg.out_dir = out;
+            cfg.clients = clients;
+            match run::run(&cfg).await {
+                Ok(result) => {
+                    run::print_result(&cfg, &result);
+                    if result.passed() {
+                        0
+                    } else {
+                        EXIT_FAILED
+                    }
+                }
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    EXIT_USAGE
+                }
+            }
+        }
+        Cmd::Check {
+            history,
+            liveness_bound_ms,
+            linear_max_steps,
+        } => {
+            let file = match std::fs::File::open(&history) {
+                Ok(f) => f,
+                Err(e) => {
+                    eprintln!("error: {}: {e}", history.display());
+                    return EXIT_USAGE;
+                }
+            };
+            let events = match read_jsonl(std::io::BufReader::new(file)) {
+                Ok(events) => events,
+                Err(e) => {
+                    eprintln!("error: {}: {e}", history.display());
+                    return EXIT_USAGE;
+                }
+            };
+            let history = match History::from_events(&events) {
+                Ok(h) => h,
+                Err(e) => {
+                    eprintln!("error: malformed history: {e}");
+                    return EXIT_USAGE;
+                }
+            };
+            let config = CheckConfig {
+                liveness_bound_ms,
+                linear_max_steps,
+                ..CheckConfig::default()
+            };
+            let report = Report::new(&history, check_all(&history, &config));
+            print!("{report}");
+            if report.all_passed() {
+                0
+            } else {
+                EXIT_FAILED
+            }
+        }
+        Cmd::Hold {
+            process,
+            resource,
+            endpoints,
+            fence,
+            ttl_ms,
+        } => {
+            holder::hold_forever(process, &resource, &endpoints, &fence, ttl_ms).await;
+            0
+        }
+    }
+}

@@ -1,0 +1,385 @@
+//! The node processes: `fencelock serve`, one per network namespace, each
+//! with its own data directory; and the operations the nemesis performs on
+//! them (SIGKILL and restart from the same data, SIGSTOP, SIGCONT) and on
+//! the cluster (the admin API).
+//!
+//! Every node's config lists the same peers (their namespace addresses, one
+//! port), so the bootstrapped placement map is identical everywhere.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use fencelock_api::v1::admin_service_client::AdminServiceClient;
+use fencelock_api::v1::ListShardsRequest;
+use fencelock_api::v1::ListShardsResponse;
+use tonic::transport::{Channel, Endpoint};
+
+use super::netns::{NetError, Network};
+
+/// The port every node listens on, in its own namespace.
+pub const NODE_PORT: u16 = 7100;
+/// Admin calls that take longer than this are abandoned (they resume or
+/// are finished by a later call; see docs/operations.md).
+pub const ADMIN_TIMEOUT_MS: u64 = 20_000;
+
+/// Raft timing of the test cluster: fast elections keep runs short.
+pub const TICK_INTERVAL_MS: u64 = 50;
+pub const ELECTION_TICKS: u64 = 10;
+pub const PROPOSAL_TIMEOUT_MS: u64 = 2_000;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClusterError {
+    #[error(transparent)]
+    Net(#[from] NetError),
+    #[error("node {id}: {what}: {source}")]
+    Io {
+        id: u64,
+        what: &'static str,
+        source: std::io::Error,
+    },
+    #[error("the cluster did not get a leader for every shard within {within_ms} ms: {last}")]
+    NotReady { within_ms: u64, last: String },
+    #[error("no node answered the admin call: {0}")]
+    Admin(String),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NodeState {
+    Running,
+    Paused,
+    Killed,
+}
+
+struct NodeProc {
+    child: Option<Child>,
+    state: NodeState,
+}
+
+/// Failpoints armed in a node process (`FAILPOINTS`), for binaries built
+/// with the server's `failpoints` feature.
+pub type Failpoints = Option<String>;
+
+pub struct Cluster {
+    pub ids: Vec<u64>,
+    pub shard_count: u32,
+    bin: PathBuf,
+    dir: PathBuf,
+    net: Network,
+    procs: BTreeMap<u64, NodeProc>,
+}
+
+/// Makes the child die (SIGKILL) when the harness dies, even by SIGKILL
+/// (a CI timeout): a node left running would hold its namespace's address
+/// and burn CPU for every later run. The setting survives `execve`. It fires
+/// when the spawning *thread* ends, so nodes are spawned from runtime
+/// threads that live as long as the run (never from `spawn_blocking`).
+pub fn die_with_parent(command: &mut Command) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: prctl is async-signal-safe and touches only the child.
+    unsafe {
+        command.pre_exec(|| {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
+
+fn signal(pid: u32, sig: libc::c_int) {
+    // SAFETY: kill(2) with a pid of our own child and a valid signal.
+    unsafe {
+        libc::kill(pid as libc::pid_t, sig);
+    }
+}
+
+impl Cluster {
+    /// Writes configs under `dir` and starts `nodes` nodes.
+    pub fn start(
+        bin: &Path,
+        dir: &Path,
+        nodes: u64,
+        shard_count: u32,
+    ) -> Result<Cluster, ClusterError> {
+        let ids: Vec<u64> = (1..=nodes).collect();
+        let net = Network::create(&ids)?;
+        let mut cluster = Cluster {
+            ids: ids.clone(),
+            shard_count,
+            bin: bin.to_owned(),
+            dir: dir.to_owned(),
+            net,
+            procs: BTreeMap::new(),
+        };
+        for &id in &ids {
+            let path = cluster.config_path(id);
+            std::fs::write(&path, cluster.config_text(id)).map_err(|source| ClusterError::Io {
+                id,
+                what: "write config",
+                source,
+            })?;
+            cluster.spawn(id, None)?;
+        }
+        Ok(cluster)
+    }
+
+    fn config_path(&self, id: u64) -> PathBuf {
+        self.dir.join(format!("node{id}.toml"))
+    }
+
+    fn config_text(&self, id: u64) -> String {
+        let peers: Vec<String> = self
+            .ids
+            .iter()
+            .map(|p| format!("{{ id = {p}, addr = \"{}\" }}", self.addr(*p)))
+            .collect();
+        format!(
+            "node_id = {id}\nlisten_addr = \"{}\"\ndata_dir = \"{}\"\nshard_count = {}\npeers = [{}]\n\n\
+             [raft]\ntick_interval_ms = {TICK_INTERVAL_MS}\nelection_ticks = {ELECTION_TICKS}\n\
+             proposal_timeout_ms = {PROPOSAL_TIMEOUT_MS}\n",
+            self.addr(id),
+            self.dir.join(format!("data{id}")).display(),
+            self.shard_count,
+            peers.join(", ")
+        )
+    }
+
+    fn spawn(&mut self, id: u64, failpoints: Failpoints) -> Result<(), ClusterError> {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join(format!("node{id}.log")))
+            .map_err(|source| ClusterError::Io {
+                id,
+                what: "open log",
+                source,
+            })?;
+        // `ip netns exec` enters the namespace and then execs the program
+        // (no fork), so the child's pid is the node's: signals reach it.
+        let mut command = Command::new("ip");
+        command
+            .args(["netns", "exec", &self.net.netns(id)])
+            .arg(&self.bin)
+            .arg("serve")
+            .arg("--config")
+            .arg(self.config_path(id))
+            .env("RUST_LOG", "warn")
+            .env("FAILPOINTS", failpoints.unwrap_or_default())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log);
+        die_with_parent(&mut command);
+        let child = command.spawn().map_err(|source| ClusterError::Io {
+            id,
+            what: "spawn",
+            source,
+        })?;
+        self.procs.insert(
+            id,
+            NodeProc {
+                child: Some(child),
+                state: NodeState::Running,
+            },
+        );
+        Ok(())
+    }
+
+    pub fn addr(&self, id: u64) -> String {
+        format!("{}:{NODE_PORT}", self.net.node_ip(id))
+    }
+
+    pub fn endpoint(&self, id: u64) -> String {
+        format!("http://{}", self.addr(id))
+    }
+
+    pub fn endpoints(&self) -> Vec<String> {
+        self.ids.iter().map(|id| self.endpoint(*id)).collect()
+    }
+
+    pub fn network(&self) -> &Network {
+        &self.net
+    }
+
+    pub fn state(&self, id: u64) -> NodeState {
+        self.procs.get(&id).map_or(NodeState::Killed, |p| p.state)
+    }
+
+    /// SIGKILL: the process ends at once; only what it synced survives.
+    pub fn kill(&mut self, id: u64) {
+        if let Some(p) = self.procs.get_mut(&id) {
+            if let Some(mut child) = p.child.take() {
+                // A stopped process dies of SIGKILL too.
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+            p.state = NodeState::Killed;
+        }
+    }
+
+    /// Starts a killed node again from its data directory.
+    pub fn restart(&mut self, id: u64) -> Result<(), ClusterError> {
+        if self.state(id) == NodeState::Killed {
+            self.spawn(id, None)?;
+        }
+        Ok(())
+    }
+
+    /// Kills node `id` (if running) and starts it again with `failpoints`
+    /// armed (`None`: disarmed). A node a failpoint made exit is reaped
+    /// here, so it never counts as a crash.
+    pub fn restart_with(&mut self, id: u64, failpoints: Failpoints) -> Result<(), ClusterError> {
+        self.kill(id);
+        self.spawn(id, failpoints)
+    }
+
+    pub fn pause(&mut self, id: u64) {
+        if let Some(p) = self.procs.get_mut(&id) {
+            if let (Some(child), NodeState::Running) = (&p.child, p.state) {
+                signal(child.id(), libc::SIGSTOP);
+                p.state = NodeState::Paused;
+            }
+        }
+    }
+
+    pub fn resume(&mut self, id: u64) {
+        if let Some(p) = self.procs.get_mut(&id) {
+            if let (Some(child), NodeState::Paused) = (&p.child, p.state) {
+                signal(child.id(), libc::SIGCONT);
+                p.state = NodeState::Running;
+            }
+        }
+    }
+
+    /// Resumes paused nodes and restarts killed ones.
+    pub fn revive_all(&mut self) -> Result<(), ClusterError> {
+        for id in self.ids.clone() {
+            match self.state(id) {
+                NodeState::Paused => self.resume(id),
+                NodeState::Killed => self.restart(id)?,
+                NodeState::Running => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether node `id`'s process has exited (it stays listed as running
+    /// until reaped by [`Cluster::kill`] or [`Cluster::crashed`]).
+    pub fn has_exited(&mut self, id: u64) -> bool {
+        self.procs
+            .get_mut(&id)
+            .and_then(|p| p.child.as_mut())
+            .is_some_and(|c| matches!(c.try_wait(), Ok(Some(_))))
+    }
+
+    /// Nodes whose process exited on its own (a crash, not our SIGKILL).
+    pub fn crashed(&mut self) -> Vec<(u64, String)> {
+        let mut out = Vec::new();
+        for (id, p) in self.procs.iter_mut() {
+            if let Some(child) = p.child.as_mut() {
+                if let Ok(Some(status)) = child.try_wait() {
+                    out.push((*id, status.to_string()));
+                    p.child = None;
+                    p.state = NodeState::Killed;
+                }
+            }
+        }
+        out
+    }
+
+    pub fn admin_client(&self, id: u64) -> AdminServiceClient<Channel> {
+        let channel = Endpoint::from_shared(self.endpoint(id))
+            .expect("endpoint URLs are built here")
+            .connect_timeout(Duration::from_millis(500))
+            .timeout(Duration::from_millis(ADMIN_TIMEOUT_MS))
+            .connect_lazy();
+        AdminServiceClient::new(channel)
+    }
+
+    /// Running nodes, in a rotation chosen by `pick`.
+    pub fn running(&self, pick: u64) -> Vec<u64> {
+        let mut ids: Vec<u64> = self
+            .ids
+            .iter()
+            .copied()
+            .filter(|id| self.state(*id) == NodeState::Running)
+            .collect();
+        if !ids.is_empty() {
+            let k = (pick % ids.len() as u64) as usize;
+            ids.rotate_left(k);
+        }
+        ids
+    }
+
+    /// The shard list from the first running node that answers.
+    pub async fn shards(&self) -> Result<ListShardsResponse, ClusterError> {
+        let mut last = String::from("no running node");
+        for id in self.running(0) {
+            let mut client = self.admin_client(id);
+            let call = client.list_shards(ListShardsRequest { shard_ids: vec![] });
+            match tokio::time::timeout(Duration::from_secs(3), call).await {
+                Ok(Ok(list)) => return Ok(list.into_inner()),
+                Ok(Err(status)) => last = format!("node {id}: {}", status.message()),
+                Err(_) => last = format!("node {id}: timed out"),
+            }
+        }
+        Err(ClusterError::Admin(last))
+    }
+
+    /// Waits until every shard reports a leader.
+    pub async fn wait_ready(&self, within: Duration) -> Result<(), ClusterError> {
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            let last = match self.shards().await {
+                Ok(list)
+                    if list.shards.len() > self.shard_count as usize
+                        && list.shards.iter().all(|s| s.leader_node_id != 0) =>
+                {
+                    return Ok(())
+                }
+                Ok(list) => format!(
+                    "shards without a leader: {:?}",
+                    list.shards
+                        .iter()
+                        .filter(|s| s.leader_node_id == 0)
+                        .map(|s| s.shard_id)
+                        .collect::<Vec<_>>()
+                ),
+                Err(e) => e.to_string(),
+            };
+            if tokio::time::Instant::now() >= deadline {
+                return Err(ClusterError::NotReady {
+                    within_ms: within.as_millis() as u64,
+                    last,
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// The node leading the most shards, with those shards.
+    pub async fn busiest_leader(&self) -> Result<(u64, Vec<u64>), ClusterError> {
+        let list = self.shards().await?;
+        let mut led: BTreeMap<u64, Vec<u64>> = BTreeMap::new();
+        for s in &list.shards {
+            if s.leader_node_id != 0 {
+                led.entry(s.leader_node_id).or_default().push(s.shard_id);
+            }
+        }
+        led.into_iter()
+            .max_by_key(|(_, shards)| shards.len())
+            .ok_or_else(|| ClusterError::Admin("no shard has a leader".into()))
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for p in self.procs.values_mut() {
+            if let Some(mut child) = p.child.take() {
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+        }
+    }
+}

@@ -1,0 +1,352 @@
+//! A recording lock client over raw gRPC: one logical call is invoked,
+//! retried on other nodes with the same `request_id` until it gets a
+//! definite answer or its deadline, and recorded as one operation whose
+//! outcome is honest:
+//!
+//! * ok — the service answered;
+//! * fail — it certainly took no effect (a refusal, or only attempts that
+//!   the error contract says changed nothing);
+//! * unknown — some attempt may have taken effect (a timeout, a dropped
+//!   connection, `OUTCOME_UNKNOWN`, ...), and no later answer settled it.
+//!
+//! Raw gRPC instead of `fencelock-client` because the checkers need every
+//! call's exact outcome; the client library hides retries on purpose.
+
+use std::time::Duration;
+
+use fencelock_api::v1::lock_service_client::LockServiceClient;
+use fencelock_api::v1::{
+    AcquireRequest, ErrorDetail, GetRequest, Reason, ReleaseRequest, RenewRequest,
+};
+use rand::Rng;
+use tokio::time::Instant;
+use tonic::transport::{Channel, Endpoint};
+
+use super::recorder::Recorder;
+use crate::history::{Call, ProcessId, Reply};
+
+/// One attempt's timeout (plus the wait, for a waiting acquire).
+pub const ATTEMPT_TIMEOUT_MS: u64 = 1_500;
+/// A logical call gives up after this (plus the wait).
+pub const CALL_DEADLINE_MS: u64 = 6_000;
+pub const CONNECT_TIMEOUT_MS: u64 = 500;
+/// Pause between attempts, in ms (random within).
+const RETRY_PAUSE_MS: (u64, u64) = (20, 150);
+
+/// Refusals that say where or when to try again (routing, availability).
+/// Only these are retried; every other refusal — the lock is held, the
+/// wait ran out, a queue is full, the lease is gone — is the call's
+/// definite answer, even where the error contract allows a later retry.
+const RETRIED_REASONS: [Reason; 10] = [
+    Reason::NotLeader,
+    Reason::LeaderUnknown,
+    Reason::NoQuorum,
+    Reason::LeaderNotReady,
+    Reason::TokenSpaceExhausted,
+    Reason::ShuttingDown,
+    Reason::ServerBusy,
+    Reason::OutcomeUnknown,
+    Reason::EpochNotMatch,
+    Reason::LeaseIdCollision,
+];
+
+/// Retried refusals documented as "nothing was changed": an attempt ending
+/// with one of them took no effect.
+const NO_EFFECT_REASONS: [Reason; 6] = [
+    Reason::NotLeader,
+    Reason::EpochNotMatch,
+    Reason::ServerBusy,
+    Reason::LeaderNotReady,
+    Reason::TokenSpaceExhausted,
+    Reason::LeaseIdCollision,
+];
+
+/// How a logical call ended, before recording.
+enum Ended<T> {
+    Ok(T),
+    /// A final refusal: the call took no effect.
+    Refused(Reason),
+    /// The deadline passed; `maybe_applied` if some attempt may have taken
+    /// effect.
+    GaveUp {
+        maybe_applied: bool,
+        last: String,
+    },
+}
+
+/// What a recorded acquire returned to the caller.
+pub struct Grant {
+    pub lease_id: Vec<u8>,
+    pub token: i64,
+}
+
+pub struct LockClient {
+    process: ProcessId,
+    clients: Vec<LockServiceClient<Channel>>,
+    next: usize,
+    recorder: Recorder,
+}
+
+impl LockClient {
+    pub fn new(process: ProcessId, endpoints: &[String], recorder: Recorder) -> LockClient {
+        let clients = endpoints
+            .iter()
+            .map(|e| {
+                let channel = Endpoint::from_shared(e.clone())
+                    .expect("endpoint URLs are built by the harness")
+                    .connect_timeout(Duration::from_millis(CONNECT_TIMEOUT_MS))
+                    .connect_lazy();
+                LockServiceClient::new(channel)
+            })
+            .collect();
+        LockClient {
+            process,
+            next: process as usize,
+            clients,
+            recorder,
+        }
+    }
+
+    pub fn process(&self) -> ProcessId {
+        self.process
+    }
+
+    /// Runs attempts on rotating nodes until a definite answer or the
+    /// deadline.
+    async fn attempts<T, F, Fut>(&mut self, extra_ms: u64, attempt: F) -> Ended<T>
+    where
+        F: FnMut(LockServiceClient<Channel>) -> Fut,
+        Fut: std::future::Future<Output = Result<T, tonic::Status>>,
+    {
+        self.attempts_noting(extra_ms, attempt).await.0
+    }
+
+    /// [`Self::attempts`], also telling whether an attempt before the last
+    /// may have taken effect.
+    async fn attempts_noting<T, F, Fut>(
+        &mut self,
+        extra_ms: u64,
+        mut attempt: F,
+    ) -> (Ended<T>, bool)
+    where
+        F: FnMut(LockServiceClient<Channel>) -> Fut,
+        Fut: std::future::Future<Output = Result<T, tonic::Status>>,
+    {
+        let deadline = Instant::now() + Duration::from_millis(CALL_DEADLINE_MS + extra_ms);
+        let mut maybe_applied = false;
+        let mut last;
+        loop {
+            let client = self.clients[self.next % self.clients.len()].clone();
+            let timeout = Duration::from_millis(ATTEMPT_TIMEOUT_MS + extra_ms);
+            match tokio::time::timeout(timeout, attempt(client)).await {
+                Ok(Ok(value)) => return (Ended::Ok(value), maybe_applied),
+                Ok(Err(status)) => match ErrorDetail::from_status(&status) {
+                    Some(detail) if !RETRIED_REASONS.contains(&detail.reason()) => {
+                        return (Ended::Refused(detail.reason()), maybe_applied);
+                    }
+                    Some(detail) => {
+                        maybe_applied |= !NO_EFFECT_REASONS.contains(&detail.reason());
+                        last = detail.reason().as_str_name().to_owned();
+                    }
+                    None => {
+                        maybe_applied = true;
+                        last = format!("{:?}: {}", status.code(), status.message());
+                    }
+                },
+                Err(_) => {
+                    maybe_applied = true;
+                    last = "attempt timed out".into();
+                }
+            }
+            self.next += 1;
+            let pause = rand::rng().random_range(RETRY_PAUSE_MS.0..=RETRY_PAUSE_MS.1);
+            if Instant::now() + Duration::from_millis(pause) >= deadline {
+                return (
+                    Ended::GaveUp {
+                        maybe_applied,
+                        last,
+                    },
+                    maybe_applied,
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(pause)).await;
+        }
+    }
+
+    /// Records a definite refusal or a give-up.
+    fn record_end<T>(&self, ended: Ended<T>) {
+        match ended {
+            Ended::Ok(_) => unreachable!("ok is recorded with its reply"),
+            Ended::Refused(reason) => self
+                .recorder
+                .fail(self.process, reason.as_str_name().to_owned()),
+            Ended::GaveUp {
+                maybe_applied: true,
+                last,
+            } => self.recorder.unknown(self.process, last),
+            Ended::GaveUp {
+                maybe_applied: false,
+                last,
+            } => self.recorder.fail(self.process, last),
+        }
+    }
+
+    pub async fn acquire(
+        &mut self,
+        resource: &str,
+        request_id: &str,
+        ttl_ms: u64,
+        wait_ms: u64,
+    ) -> Option<Grant> {
+        self.recorder.invoke(
+            self.process,
+            Call::Acquire {
+                resource: resource.to_owned(),
+                request_id: request_id.to_owned(),
+                ttl_ms,
+                wait_ms,
+            },
+        );
+        let req = AcquireRequest {
+            resource: resource.to_owned(),
+            request_id: request_id.as_bytes().to_vec(),
+            lease_ttl_ms: ttl_ms,
+            wait_timeout_ms: wait_ms,
+        };
+        let (ended, earlier_maybe_applied) = self
+            .attempts_noting(wait_ms, |mut c| {
+                let req = req.clone();
+                async move { c.acquire(req).await.map(|r| r.into_inner()) }
+            })
+            .await;
+        match ended {
+            // A refusal after an attempt that may have been applied is not
+            // trusted: that attempt could still be in flight (delayed in a
+            // forwarding hop) and be applied after the refusal.
+            Ended::Refused(reason) if earlier_maybe_applied => {
+                self.recorder.unknown(
+                    self.process,
+                    format!("{} after an ambiguous attempt", reason.as_str_name()),
+                );
+                None
+            }
+            Ended::Ok(a) => {
+                self.recorder.ok(
+                    self.process,
+                    Reply::Acquired {
+                        lease_id: hex::encode(&a.lease_id),
+                        token: a.fencing_token,
+                        deduplicated: a.deduplicated,
+                    },
+                );
+                Some(Grant {
+                    lease_id: a.lease_id,
+                    token: a.fencing_token,
+                })
+            }
+            other => {
+                self.record_end(other);
+                None
+            }
+        }
+    }
+
+    /// True if renewed.
+    pub async fn renew(&mut self, resource: &str, lease_id: &[u8], ttl_ms: u64) -> bool {
+        self.recorder.invoke(
+            self.process,
+            Call::Renew {
+                resource: resource.to_owned(),
+                lease_id: hex::encode(lease_id),
+                ttl_ms,
+            },
+        );
+        let req = RenewRequest {
+            resource: resource.to_owned(),
+            lease_id: lease_id.to_vec(),
+            lease_ttl_ms: ttl_ms,
+        };
+        match self
+            .attempts(0, |mut c| {
+                let req = req.clone();
+                async move { c.renew(req).await.map(|r| r.into_inner()) }
+            })
+            .await
+        {
+            Ended::Ok(_) => {
+                self.recorder.ok(self.process, Reply::Renewed);
+                true
+            }
+            other => {
+                self.record_end(other);
+                false
+            }
+        }
+    }
+
+    pub async fn release(&mut self, resource: &str, lease_id: &[u8]) {
+        self.recorder.invoke(
+            self.process,
+            Call::Release {
+                resource: resource.to_owned(),
+                lease_id: hex::encode(lease_id),
+            },
+        );
+        let req = ReleaseRequest {
+            resource: resource.to_owned(),
+            lease_id: lease_id.to_vec(),
+        };
+        let (ended, earlier_maybe_applied) = self
+            .attempts_noting(0, |mut c| {
+                let req = req.clone();
+                async move { c.release(req).await.map(|r| r.into_inner().released) }
+            })
+            .await;
+        match ended {
+            // `false` after an attempt that may have released the lease says
+            // nothing: that attempt may be what ended it.
+            Ended::Ok(false) if earlier_maybe_applied => self.recorder.unknown(
+                self.process,
+                "released=false after an ambiguous attempt".into(),
+            ),
+            Ended::Ok(released) => self.recorder.ok(self.process, Reply::Released { released }),
+            other => self.record_end(other),
+        }
+    }
+
+    pub async fn get(&mut self, resource: &str) -> Option<(bool, i64, u32)> {
+        self.recorder.invoke(
+            self.process,
+            Call::Get {
+                resource: resource.to_owned(),
+            },
+        );
+        let req = GetRequest {
+            resource: resource.to_owned(),
+        };
+        match self
+            .attempts(0, |mut c| {
+                let req = req.clone();
+                async move { c.get(req).await.map(|r| r.into_inner()) }
+            })
+            .await
+        {
+            Ended::Ok(g) => {
+                self.recorder.ok(
+                    self.process,
+                    Reply::Got {
+                        held: g.held,
+                        token: g.fencing_token,
+                        last_token: g.last_token,
+                        queue_len: g.queue_length,
+                    },
+                );
+                Some((g.held, g.fencing_token, g.queue_length))
+            }
+            other => {
+                self.record_end(other);
+                None
+            }
+        }
+    }
+}

@@ -1,0 +1,302 @@
+//! One chaos run, start to finish: network and nodes up, clients loading,
+//! the schedule's faults, heal, a settling period under load, final reads,
+//! then the history is written to JSONL and checked.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::cluster::Cluster;
+use super::fence_server::{self, FenceClient};
+use super::holder::HolderProc;
+use super::lock_client::LockClient;
+use super::nemesis::Nemesis;
+use super::recorder::Recorder;
+use super::workload::{self, Ctx};
+use crate::check::{check_all, CheckConfig};
+use crate::fence::{FenceMode, FencedResource};
+use crate::history::{write_jsonl, History, HistoryError, ProcessId};
+use crate::report::Report;
+use crate::schedule::{self, FaultKind};
+
+/// How long the cluster may take to elect every shard's first leader.
+pub const STARTUP_TIMEOUT_MS: u64 = 60_000;
+/// Load continues this long after the heal (liveness is measured on it).
+pub const SETTLE_MS: u64 = 8_000;
+/// Client tasks still running this long after the stop are abandoned
+/// (their calls in flight become unknown outcomes).
+pub const STOP_GRACE_MS: u64 = 30_000;
+/// An interrupted slot migration gets this long to finish after the heal.
+pub const FINISH_MIGRATION_MS: u64 = 30_000;
+
+/// Process ids by role.
+const FIFO_FIRST_PROCESS: ProcessId = 100;
+const FINAL_READER_PROCESS: ProcessId = 500;
+const HOLDER_FIRST_PROCESS: ProcessId = 1_000;
+
+#[derive(Clone, Debug)]
+pub struct RunConfig {
+    pub seed: u64,
+    /// How long faults are injected (every selected kind runs at least once
+    /// even if that takes longer).
+    pub duration: Duration,
+    pub kinds: Vec<FaultKind>,
+    pub nodes: u64,
+    pub shard_count: u32,
+    pub clients: u64,
+    pub resources: usize,
+    pub holders: u64,
+    pub holder_ttl_ms: u64,
+    pub fence_mode: FenceMode,
+    pub fencelock_bin: PathBuf,
+    /// This crate's `nemesis` binary (it runs the client processes).
+    pub nemesis_bin: PathBuf,
+    /// Where the history, configs, data and node logs go. `None`: a
+    /// temporary directory, deleted if every check passed.
+    pub out_dir: Option<PathBuf>,
+    pub check: CheckConfig,
+}
+
+impl RunConfig {
+    /// The defaults `make test` uses, apart from duration and binaries.
+    pub fn new(
+        seed: u64,
+        duration: Duration,
+        fencelock_bin: PathBuf,
+        nemesis_bin: PathBuf,
+    ) -> RunConfig {
+        RunConfig {
+            seed,
+            duration,
+            kinds: FaultKind::ALL.to_vec(),
+            nodes: 4,
+            shard_count: 4,
+            clients: 6,
+            resources: 8,
+            holders: 1,
+            holder_ttl_ms: 2_000,
+            fence_mode: FenceMode::Checked,
+            fencelock_bin,
+            nemesis_bin,
+            out_dir: None,
+            check: CheckConfig::default(),
+        }
+    }
+
+    /// The command that replays this run's schedule.
+    pub fn replay_command(&self) -> String {
+        let kinds: Vec<&str> = self.kinds.iter().map(|k| k.name()).collect();
+        format!(
+            "make chaos CHAOS_SEED={} CHAOS_SECS={} CHAOS_FAULTS={}",
+            self.seed,
+            self.duration.as_secs(),
+            kinds.join(",")
+        )
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error(transparent)]
+    Cluster(#[from] super::cluster::ClusterError),
+    #[error("{what}: {source}")]
+    Io {
+        what: &'static str,
+        source: std::io::Error,
+    },
+    #[error("the recorded history is malformed (a harness bug): {0}")]
+    History(#[from] HistoryError),
+}
+
+pub struct RunResult {
+    pub report: Report,
+    /// The recorded history (also in `history_path` if the run failed).
+    pub history: History,
+    /// Nodes that exited by themselves during the run.
+    pub crashes: Vec<(u64, String)>,
+    pub dir: PathBuf,
+    pub history_path: PathBuf,
+}
+
+impl RunResult {
+    pub fn passed(&self) -> bool {
+        self.report.all_passed() && self.crashes.is_empty()
+    }
+}
+
+fn io(what: &'static str) -> impl FnOnce(std::io::Error) -> RunError {
+    move |source| RunError::Io { what, source }
+}
+
+pub async fn run(cfg: &RunConfig) -> Result<RunResult, RunError> {
+    let (dir, temporary) = match &cfg.out_dir {
+        Some(d) => {
+            std::fs::create_dir_all(d).map_err(io("create the output directory"))?;
+            (d.clone(), false)
+        }
+        None => {
+            let tmp = tempfile::Builder::new()
+                .prefix("fencelock-nemesis-")
+                .tempdir()
+                .map_err(io("create a temporary directory"))?;
+            (tmp.keep(), true)
+        }
+    };
+    eprintln!(
+        "nemesis: seed {} for {} s, output in {}",
+        cfg.seed,
+        cfg.duration.as_secs(),
+        dir.display()
+    );
+    let steps = schedule::generate(
+        cfg.seed,
+        cfg.duration.as_millis() as u64,
+        &cfg.kinds,
+        cfg.holder_ttl_ms,
+    );
+    let mut cluster = Cluster::start(&cfg.fencelock_bin, &dir, cfg.nodes, cfg.shard_count)?;
+    cluster
+        .wait_ready(Duration::from_millis(STARTUP_TIMEOUT_MS))
+        .await?;
+    let endpoints = cluster.endpoints();
+    let fence = Arc::new(FencedResource::new(cfg.fence_mode));
+    let fence_addr = fence_server::serve(fence)
+        .await
+        .map_err(io("serve the fenced resource"))?;
+    let recorder = Recorder::new();
+    let stop = Arc::new(AtomicBool::new(false));
+    let ctx = Ctx {
+        endpoints: endpoints.clone(),
+        fence_addr: fence_addr.clone(),
+        recorder: recorder.clone(),
+        stop: stop.clone(),
+    };
+    let resources: Vec<String> = (0..cfg.resources).map(|i| format!("chaos/r-{i}")).collect();
+    let fifo_resource = "chaos/fifo".to_string();
+    let mut tasks = Vec::new();
+    for p in 1..=cfg.clients {
+        tasks.push(tokio::spawn(workload::lock_client(
+            ctx.clone(),
+            p,
+            resources.clone(),
+            cfg.seed,
+        )));
+    }
+    tasks.push(tokio::spawn(workload::fifo_prober(
+        ctx.clone(),
+        FIFO_FIRST_PROCESS,
+        fifo_resource.clone(),
+    )));
+    let mut holders = Vec::new();
+    for k in 0..cfg.holders {
+        holders.push(
+            HolderProc::spawn(
+                &cfg.nemesis_bin,
+                HOLDER_FIRST_PROCESS + k,
+                &format!("chaos/held-{k}"),
+                &endpoints,
+                &fence_addr,
+                cfg.holder_ttl_ms,
+                recorder.clone(),
+            )
+            .map_err(io("start a client process"))?,
+        );
+    }
+    let holder_resources: Vec<String> = holders.iter().map(|h| h.resource.clone()).collect();
+
+    let crashes = {
+        let mut nemesis = Nemesis::new(
+            &mut cluster,
+            &mut holders,
+            recorder.clone(),
+            fence_addr.clone(),
+            resources.clone(),
+        );
+        for (i, step) in steps.iter().enumerate() {
+            let kinds: Vec<&str> = step.kinds.iter().map(|k| k.name()).collect();
+            eprintln!(
+                "nemesis: step {}/{}: {} for {} ms",
+                i + 1,
+                steps.len(),
+                kinds.join(" + "),
+                step.hold_ms
+            );
+            nemesis.run_step(step).await;
+        }
+        nemesis.heal_all().await?;
+        if let Err(e) = nemesis
+            .finish_migration(Duration::from_millis(FINISH_MIGRATION_MS))
+            .await
+        {
+            eprintln!("nemesis: could not finish an interrupted migration: {e}");
+        }
+        tokio::time::sleep(Duration::from_millis(SETTLE_MS)).await;
+        nemesis.crashes.clone()
+    };
+
+    stop.store(true, Ordering::Relaxed);
+    let grace = tokio::time::Instant::now() + Duration::from_millis(STOP_GRACE_MS);
+    for task in tasks {
+        let abort = task.abort_handle();
+        if tokio::time::timeout_at(grace, task).await.is_err() {
+            abort.abort();
+        }
+    }
+    for h in holders {
+        h.stop().await;
+    }
+    let mut reader = LockClient::new(FINAL_READER_PROCESS, &endpoints, recorder.clone());
+    let mut fence_reader = FenceClient::new(FINAL_READER_PROCESS, fence_addr, recorder.clone());
+    let all: Vec<&String> = resources
+        .iter()
+        .chain(&holder_resources)
+        .chain(std::iter::once(&fifo_resource))
+        .collect();
+    for r in all {
+        reader.get(r).await;
+        fence_reader.read(r).await;
+    }
+
+    let events = recorder.events();
+    let history_path = dir.join("history.jsonl");
+    let file = std::fs::File::create(&history_path).map_err(io("create history.jsonl"))?;
+    write_jsonl(std::io::BufWriter::new(file), &events).map_err(io("write history.jsonl"))?;
+    let history = History::from_events(&events)?;
+    let report = Report::new(&history, check_all(&history, &cfg.check));
+    let result = RunResult {
+        report,
+        history,
+        crashes,
+        dir: dir.clone(),
+        history_path,
+    };
+    drop(cluster);
+    if result.passed() && temporary {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    Ok(result)
+}
+
+/// Prints the report, and on failure where to look and how to replay.
+pub fn print_result(cfg: &RunConfig, result: &RunResult) {
+    println!("=== nemesis run, seed {} ===", cfg.seed);
+    print!("{}", result.report);
+    for (node, status) in &result.crashes {
+        println!("CRASH: node {node} exited by itself: {status}");
+    }
+    if result.passed() {
+        println!("result: PASS");
+    } else {
+        println!("result: FAIL");
+        println!(
+            "history, configs and node logs kept in {}",
+            result.dir.display()
+        );
+        println!(
+            "re-check the history:  $CARGO_TARGET_DIR/debug/nemesis check {}",
+            result.history_path.display()
+        );
+        println!("replay the schedule:   {}", cfg.replay_command());
+    }
+}

@@ -1,0 +1,234 @@
+//! The bounded chaos run of `make test`: four `fencelock serve` processes in
+//! network namespaces, lock clients, a client process, and every fault kind
+//! at least once; the whole history must pass every checker, and broken
+//! variants of that same history must fail the checker they break.
+//!
+//! `FENCELOCK_CHAOS_SECS` (default 90) sets the fault phase, which the first
+//! pass over all kinds may exceed; `FENCELOCK_CHAOS_SEED` replays a seed
+//! (the run prints it, with the command that replays it).
+
+use std::time::Duration;
+
+use fencelock_nemesis::check::{self, CheckConfig, Verdict};
+use fencelock_nemesis::harness::{fencelock_bin, run};
+use fencelock_nemesis::history::{Call, History, Operation, Outcome, Reply};
+use fencelock_nemesis::schedule::FaultKind;
+
+const DEFAULT_SECS: u64 = 90;
+
+fn env_u64(name: &str) -> Option<u64> {
+    std::env::var(name).ok().map(|v| {
+        v.parse()
+            .unwrap_or_else(|_| panic!("{name}={v:?} is not a number"))
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn every_fault_kind_under_load_passes_every_checker_and_broken_variants_fail() {
+    let seed =
+        env_u64("FENCELOCK_CHAOS_SEED").unwrap_or_else(fencelock_nemesis::clock::monotonic_ns);
+    let secs = env_u64("FENCELOCK_CHAOS_SECS").unwrap_or(DEFAULT_SECS);
+    let cfg = run::RunConfig::new(
+        seed,
+        Duration::from_secs(secs),
+        fencelock_bin().unwrap(),
+        env!("CARGO_BIN_EXE_nemesis").into(),
+    );
+    println!(
+        "chaos seed {seed}; replay with FENCELOCK_CHAOS_SEED={seed} or: {}",
+        cfg.replay_command()
+    );
+    let result = run::run(&cfg).await.expect("the run could be set up");
+    run::print_result(&cfg, &result);
+    for kind in FaultKind::ALL {
+        assert!(
+            result.report.faults.contains_key(kind.name()),
+            "{kind} was never injected (seed {seed})"
+        );
+    }
+    assert!(
+        result.report.op_count("acquire", "ok") > 100,
+        "too little load to mean anything (seed {seed})"
+    );
+    assert!(
+        result.passed(),
+        "chaos run failed; seed {seed}, see the report above"
+    );
+    check_mutations(&result.history);
+}
+
+// ---- Broken variants of the recorded history -------------------------------
+//
+// Each mutation makes the real history show one thing a broken lock service
+// (or protected system) would do; the checker for that property must fail
+// on it. Hand-made histories do the same in the checkers' unit tests; these
+// show the checkers still see the violation among thousands of real
+// operations.
+
+fn renumber(h: &mut History) {
+    h.ops.sort_by_key(|op| (op.invoke_ns, op.process));
+    for (id, op) in h.ops.iter_mut().enumerate() {
+        op.id = id;
+    }
+}
+
+/// A second holder granted in the middle of a released lease's window.
+fn add_second_holder(h: &History) -> Option<History> {
+    let top = h.ops.iter().filter_map(|o| o.grant()).map(|g| g.1).max()?;
+    let (grant, release) = h.ops.iter().find_map(|a| {
+        let (lease, _) = a.grant()?;
+        let release = h.ops.iter().find(|r| {
+            matches!(&r.call, Call::Release { lease_id, .. } if lease_id == lease)
+                && r.invoke_ns > a.complete_ns + 10_000_000
+        })?;
+        Some((a, release))
+    })?;
+    let mut out = h.clone();
+    let mid = (grant.complete_ns + release.invoke_ns) / 2;
+    out.ops.push(Operation {
+        id: 0,
+        process: 77_777,
+        call: Call::Acquire {
+            resource: grant.call.resource().to_owned(),
+            request_id: "mutant".into(),
+            ttl_ms: 3_000,
+            wait_ms: 0,
+        },
+        invoke_ns: mid - 1_000,
+        complete_ns: mid,
+        outcome: Outcome::Ok(Reply::Acquired {
+            lease_id: "feedfacefeedfacefeedfacefeedface".into(),
+            token: top + 1,
+            deduplicated: false,
+        }),
+    });
+    renumber(&mut out);
+    Some(out)
+}
+
+/// A grant whose token is below one granted before it was sent.
+fn lower_a_later_token(h: &History) -> Option<History> {
+    let grants: Vec<&Operation> = h.ops.iter().filter(|o| o.grant().is_some()).collect();
+    let (a, b) = grants.iter().find_map(|a| {
+        let b = grants.iter().find(|b| {
+            b.call.resource() == a.call.resource()
+                && b.invoke_ns > a.complete_ns
+                && b.grant().unwrap().0 != a.grant().unwrap().0
+        })?;
+        Some((*a, *b))
+    })?;
+    let mut out = h.clone();
+    let lowered = a.grant().unwrap().1 - 1;
+    let lease = b.grant().unwrap().0.to_owned();
+    for op in &mut out.ops {
+        if let Outcome::Ok(Reply::Acquired {
+            lease_id, token, ..
+        }) = &mut op.outcome
+        {
+            if *lease_id == lease {
+                *token = lowered;
+            }
+        }
+    }
+    Some(out)
+}
+
+/// A re-sent request id answered with a second, different lease.
+fn regrant_a_resent_request(h: &History) -> Option<History> {
+    let i = h.ops.iter().position(|o| {
+        matches!(
+            o.outcome,
+            Outcome::Ok(Reply::Acquired {
+                deduplicated: true,
+                ..
+            })
+        )
+    })?;
+    let mut out = h.clone();
+    if let Outcome::Ok(Reply::Acquired { lease_id, .. }) = &mut out.ops[i].outcome {
+        *lease_id = "0123456789abcdef0123456789abcdef".into();
+    }
+    Some(out)
+}
+
+/// The fenced resource accepting a lower token after a higher one: two
+/// accepted writes with different tokens swap their accept order.
+fn accept_a_stale_write(h: &History) -> Option<History> {
+    let accepted: Vec<(usize, &Operation)> = h
+        .ops
+        .iter()
+        .enumerate()
+        .filter(|(_, o)| matches!(o.reply(), Some(Reply::FenceAccepted { .. })))
+        .collect();
+    let token = |o: &Operation| match &o.call {
+        Call::FenceWrite { token, .. } => *token,
+        _ => unreachable!(),
+    };
+    let (i, j) = accepted.iter().find_map(|(i, a)| {
+        accepted
+            .iter()
+            .find(|(_, b)| b.call.resource() == a.call.resource() && token(b) > token(a))
+            .map(|(j, _)| (*i, *j))
+    })?;
+    let mut out = h.clone();
+    let seq_i = out.ops[i].outcome.clone();
+    out.ops[i].outcome = out.ops[j].outcome.clone();
+    out.ops[j].outcome = seq_i;
+    Some(out)
+}
+
+/// No success on one resource after the heal.
+fn never_serve_after_heal(h: &History) -> Option<History> {
+    let healed = h.last_heal_ns()?;
+    let resource = h
+        .ops
+        .iter()
+        .find(|o| o.invoke_ns > healed && matches!(o.call, Call::Get { .. }))?
+        .call
+        .resource()
+        .to_owned();
+    let mut out = h.clone();
+    for op in &mut out.ops {
+        if op.invoke_ns > healed && op.call.resource() == resource && op.is_ok() {
+            op.outcome = Outcome::Unknown("mutated".into());
+        }
+    }
+    Some(out)
+}
+
+fn verdict(name: &str, h: &History) -> Verdict {
+    check::check_all(h, &CheckConfig::default())
+        .into_iter()
+        .find(|v| v.checker == name)
+        .unwrap()
+}
+
+fn assert_caught(mutation: &str, mutated: Option<History>, checkers: &[&str]) {
+    let h = mutated.unwrap_or_else(|| panic!("the history had nothing to mutate for {mutation}"));
+    for name in checkers {
+        let v = verdict(name, &h);
+        assert_eq!(v.status, check::Status::Fail, "{mutation}: {v}");
+        println!("{mutation}: caught by {name}: {}", v.problems[0]);
+    }
+}
+
+/// Called by the chaos test with its passing history.
+fn check_mutations(h: &History) {
+    assert_caught(
+        "second holder",
+        add_second_holder(h),
+        &["windows", "linear"],
+    );
+    assert_caught("token going back", lower_a_later_token(h), &["tokens"]);
+    assert_caught(
+        "request applied twice",
+        regrant_a_resent_request(h),
+        &["dedup"],
+    );
+    assert_caught("stale write accepted", accept_a_stale_write(h), &["fence"]);
+    assert_caught(
+        "no service after heal",
+        never_serve_after_heal(h),
+        &["liveness"],
+    );
+}

@@ -1,0 +1,821 @@
+//! The node's Prometheus metrics.
+//!
+//! This module owns the node's metric registry and every metric in it. Names
+//! follow `fencelock_<subsystem>_<what>_<unit>` (base units: seconds;
+//! counters end in `_total`). No label ever carries a resource name: label
+//! values come from small fixed sets (operation, outcome, shard id); the
+//! hottest resources are an admin call (`fencelock admin hot`) instead.
+//!
+//! One registry per node, not the process-global default: the in-process
+//! cluster tests run three nodes in one process.
+//!
+//! Three kinds of sources, each as cheap as its path needs:
+//! * the request path ([`RequestMetrics`]) updates counters and histograms
+//!   resolved once at start: a few atomic adds per request, no label lookup;
+//! * the store loop owns thread-local copies ([`StoreMetrics`]) and flushes
+//!   them once per Raft tick, so the hot loop touches no shared memory for
+//!   a metric;
+//! * gauges that describe state (per-shard locks, waiters, leadership,
+//!   queue depths, transport counters) are read at scrape time from what the
+//!   node already publishes ([`NodeSnapshot`], [`Metrics::render`]).
+
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use fencelock_api::v1::{ErrorDetail, Reason};
+use prometheus::local::{LocalHistogram, LocalIntCounter};
+use prometheus::{
+    Encoder, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
+    Registry, TextEncoder,
+};
+
+use crate::store::ShardStatus;
+
+/// Request latency buckets, in seconds: sub-millisecond group commits up to
+/// the longest proposal timeout, plus queued acquires that wait a minute.
+const REQUEST_BUCKETS_SECONDS: &[f64] = &[
+    0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+    60.0,
+];
+/// Raft and disk latency buckets, in seconds: an fsync on a good SSD is tens
+/// of microseconds; a commit across zones a few milliseconds; anything near
+/// a second is an incident.
+const RAFT_BUCKETS_SECONDS: &[f64] = &[
+    0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+    1.0, 2.5,
+];
+/// Batch-size buckets (entries or commands per synced write): powers of two
+/// up to the store loop's per-iteration drain bound.
+const BATCH_BUCKETS: &[f64] = &[
+    1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0,
+];
+
+/// The client-facing operations that are measured.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Op {
+    Acquire,
+    Renew,
+    RenewBatch,
+    Release,
+    Get,
+}
+
+impl Op {
+    pub const ALL: [Op; 5] = [Op::Acquire, Op::Renew, Op::RenewBatch, Op::Release, Op::Get];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            Op::Acquire => "acquire",
+            Op::Renew => "renew",
+            Op::RenewBatch => "renew_batch",
+            Op::Release => "release",
+            Op::Get => "get",
+        }
+    }
+}
+
+/// What became of a request, in the classes an operator alerts on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// Answered successfully (a release that released nothing included:
+    /// release is idempotent).
+    Ok,
+    /// Refused by the lock rules: held by another, not the holder, queue
+    /// full, hold limit, request id reused, wait cancelled.
+    Conflict,
+    /// A queued acquire's wait timed out.
+    Timeout,
+    /// Could not be served now; a retry may succeed (no leader, no quorum,
+    /// not the leader, busy, shutting down, stale route, shard full).
+    Unavailable,
+    /// Proposed, but whether it committed is unknown (OUTCOME_UNKNOWN).
+    Unknown,
+    /// Malformed request.
+    Invalid,
+    /// A bug or storage failure (INTERNAL).
+    Error,
+    /// The caller went away before the answer.
+    Cancelled,
+}
+
+impl Outcome {
+    pub const ALL: [Outcome; 8] = [
+        Outcome::Ok,
+        Outcome::Conflict,
+        Outcome::Timeout,
+        Outcome::Unavailable,
+        Outcome::Unknown,
+        Outcome::Invalid,
+        Outcome::Error,
+        Outcome::Cancelled,
+    ];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            Outcome::Ok => "ok",
+            Outcome::Conflict => "conflict",
+            Outcome::Timeout => "timeout",
+            Outcome::Unavailable => "unavailable",
+            Outcome::Unknown => "unknown",
+            Outcome::Invalid => "invalid",
+            Outcome::Error => "error",
+            Outcome::Cancelled => "cancelled",
+        }
+    }
+
+    /// The class of a wire reason.
+    pub fn of_reason(reason: Reason) -> Outcome {
+        use Reason::*;
+        match reason {
+            LockHeld
+            | LeaseNotHeld
+            | QueueFull
+            | TenantWaitersExceeded
+            | HoldLimitReached
+            | RequestIdReused
+            | LeaseIdCollision
+            | WaitCancelled => Outcome::Conflict,
+            WaitTimedOut => Outcome::Timeout,
+            NotLeader | LeaderUnknown | NoQuorum | LeaderNotReady | ShuttingDown | ServerBusy
+            | EpochNotMatch | ShardNotFound | TokenSpaceExhausted | DedupTableFull | TableFull => {
+                Outcome::Unavailable
+            }
+            OutcomeUnknown => Outcome::Unknown,
+            InvalidResource
+            | InvalidRequestId
+            | InvalidLeaseId
+            | TtlOutOfRange
+            | WaitTimeoutOutOfRange
+            | BatchTooLarge
+            | InvalidAdminRequest
+            | NodeNotFound
+            | PlacementConflict => Outcome::Invalid,
+            Internal | Unspecified => Outcome::Error,
+        }
+    }
+
+    /// The class of a gRPC status: by its `ErrorDetail` when it has one,
+    /// else by its code (a forwarded call that failed in transport).
+    pub fn of_status(status: &tonic::Status) -> Outcome {
+        if let Some(detail) = ErrorDetail::from_status(status) {
+            return Outcome::of_reason(detail.reason());
+        }
+        match status.code() {
+            tonic::Code::Ok => Outcome::Ok,
+            tonic::Code::Unavailable | tonic::Code::ResourceExhausted => Outcome::Unavailable,
+            tonic::Code::DeadlineExceeded => Outcome::Timeout,
+            tonic::Code::Cancelled => Outcome::Cancelled,
+            tonic::Code::InvalidArgument => Outcome::Invalid,
+            _ => Outcome::Error,
+        }
+    }
+}
+
+/// Request counters and latency histograms, resolved per (op, outcome) at
+/// start.
+pub struct RequestMetrics {
+    /// Indexed `op * Outcome::ALL.len() + outcome`.
+    outcomes: Vec<IntCounter>,
+    /// Indexed by op.
+    latency: Vec<Histogram>,
+    /// Renew-batch items by outcome, indexed like `Outcome::ALL`.
+    batch_items: Vec<IntCounter>,
+    forwarded: IntCounter,
+}
+
+impl RequestMetrics {
+    fn index(op: Op) -> usize {
+        Op::ALL.iter().position(|o| *o == op).expect("listed")
+    }
+
+    /// Starts timing one request; record its end with
+    /// [`RequestTimer::finish`]. Dropped unfinished (the caller went away
+    /// and the handler future with it), it counts as `cancelled`.
+    pub fn start(&self, op: Op) -> RequestTimer<'_> {
+        RequestTimer {
+            metrics: self,
+            op,
+            started: Instant::now(),
+            done: false,
+        }
+    }
+
+    fn record(&self, op: Op, outcome: Outcome, elapsed: Duration) {
+        let i = Self::index(op);
+        let o = Outcome::ALL
+            .iter()
+            .position(|x| *x == outcome)
+            .expect("listed");
+        self.outcomes[i * Outcome::ALL.len() + o].inc();
+        self.latency[i].observe(elapsed.as_secs_f64());
+    }
+
+    /// Counts one item of a renew batch.
+    pub fn batch_item(&self, outcome: Outcome) {
+        let o = Outcome::ALL
+            .iter()
+            .position(|x| *x == outcome)
+            .expect("listed");
+        self.batch_items[o].inc();
+    }
+
+    /// Counts a request this node forwarded to another node.
+    pub fn forwarded(&self) {
+        self.forwarded.inc();
+    }
+}
+
+/// One request being timed; see [`RequestMetrics::start`].
+pub struct RequestTimer<'a> {
+    metrics: &'a RequestMetrics,
+    op: Op,
+    started: Instant,
+    done: bool,
+}
+
+impl RequestTimer<'_> {
+    pub fn finish(mut self, outcome: Outcome) {
+        self.done = true;
+        self.metrics
+            .record(self.op, outcome, self.started.elapsed());
+    }
+
+    /// Finishes with the outcome of a handler's result.
+    pub fn finish_result<T>(self, result: &Result<T, tonic::Status>) {
+        let outcome = match result {
+            Ok(_) => Outcome::Ok,
+            Err(status) => Outcome::of_status(status),
+        };
+        self.finish(outcome);
+    }
+}
+
+impl Drop for RequestTimer<'_> {
+    fn drop(&mut self) {
+        if !self.done {
+            self.metrics
+                .record(self.op, Outcome::Cancelled, self.started.elapsed());
+        }
+    }
+}
+
+/// The store loop's metrics, as thread-local accumulators flushed into the
+/// shared registry by [`StoreMetrics::flush`] (once per Raft tick).
+pub struct StoreMetrics {
+    pub fsync_seconds: LocalHistogram,
+    pub fsync_entries: LocalHistogram,
+    pub fsync_commands: LocalHistogram,
+    pub propose_commit_seconds: LocalHistogram,
+    pub commit_apply_seconds: LocalHistogram,
+    pub leader_changes: LocalIntCounter,
+    pub snapshots_taken: LocalIntCounter,
+    pub snapshots_installed: LocalIntCounter,
+    pub snapshots_sent: LocalIntCounter,
+    pub grants: LocalIntCounter,
+    pub grants_from_queue: LocalIntCounter,
+    pub releases: LocalIntCounter,
+    pub expiries: LocalIntCounter,
+    pub lease_cancels: LocalIntCounter,
+    pub wait_timeouts: LocalIntCounter,
+    pub wait_cancels: LocalIntCounter,
+    pub renewals: LocalIntCounter,
+    pub renewal_failures: LocalIntCounter,
+    /// Commands this node proposed since the last synced write; observed
+    /// into `fsync_commands` at the next one.
+    pub commands_since_sync: u64,
+}
+
+impl StoreMetrics {
+    pub fn flush(&mut self) {
+        for h in [
+            &self.fsync_seconds,
+            &self.fsync_entries,
+            &self.fsync_commands,
+            &self.propose_commit_seconds,
+            &self.commit_apply_seconds,
+        ] {
+            h.flush();
+        }
+        for c in [
+            &self.leader_changes,
+            &self.snapshots_taken,
+            &self.snapshots_installed,
+            &self.snapshots_sent,
+            &self.grants,
+            &self.grants_from_queue,
+            &self.releases,
+            &self.expiries,
+            &self.lease_cancels,
+            &self.wait_timeouts,
+            &self.wait_cancels,
+            &self.renewals,
+            &self.renewal_failures,
+        ] {
+            c.flush();
+        }
+    }
+}
+
+/// Shared handles the store loop's locals flush into.
+struct StoreHandles {
+    fsync_seconds: Histogram,
+    fsync_entries: Histogram,
+    fsync_commands: Histogram,
+    propose_commit_seconds: Histogram,
+    commit_apply_seconds: Histogram,
+    leader_changes: IntCounter,
+    snapshots: IntCounterVec,
+    lock_events: IntCounterVec,
+    renewals: IntCounter,
+    renewal_failures: IntCounter,
+}
+
+/// Per-shard gauges, rebuilt from the store's published status at scrape.
+struct ShardGauges {
+    locks_held: IntGaugeVec,
+    waiters: IntGaugeVec,
+    is_leader: IntGaugeVec,
+    epoch: IntGaugeVec,
+    term: IntGaugeVec,
+    applied_index: IntGaugeVec,
+    commit_index: IntGaugeVec,
+    leaderless_seconds: prometheus::GaugeVec,
+    voters: IntGaugeVec,
+}
+
+/// Node-wide gauges and counters read at scrape.
+struct NodeGauges {
+    shards_without_leader: IntGauge,
+    store_queue_depth: IntGauge,
+    store_queue_capacity: IntGauge,
+    waiting_acquires: IntGauge,
+    in_flight_requests: IntGauge,
+    draining: IntGauge,
+    transport_dropped: IntCounter,
+    transport_batches: IntCounter,
+    transport_messages: IntCounter,
+    audit_lines: IntCounter,
+    audit_dropped: IntCounter,
+}
+
+/// What the node publishes, read at scrape time.
+#[derive(Clone, Debug, Default)]
+pub struct NodeSnapshot {
+    pub shards: Vec<ShardStatus>,
+    pub store_queue_depth: usize,
+    pub store_queue_capacity: usize,
+    pub in_flight_requests: usize,
+    pub draining: bool,
+    pub transport_dropped_total: u64,
+    pub transport_batches_total: u64,
+    pub transport_messages_total: u64,
+    pub audit_lines_total: u64,
+    pub audit_dropped_total: u64,
+}
+
+/// The node's registry and every metric handle; see the module docs.
+pub struct Metrics {
+    registry: Registry,
+    pub requests: RequestMetrics,
+    store: StoreHandles,
+    shard: ShardGauges,
+    node: NodeGauges,
+    /// Scrapes rebuild the per-shard gauges and advance the mirrored
+    /// counters; one at a time, so two scrapes never interleave the two.
+    scrape: Mutex<()>,
+}
+
+fn histogram(registry: &Registry, name: &str, help: &str, buckets: &[f64]) -> Histogram {
+    let h = Histogram::with_opts(HistogramOpts::new(name, help).buckets(buckets.to_vec()))
+        .expect("valid histogram");
+    registry.register(Box::new(h.clone())).expect("unique name");
+    h
+}
+
+fn counter(registry: &Registry, name: &str, help: &str) -> IntCounter {
+    let c = IntCounter::new(name, help).expect("valid counter");
+    registry.register(Box::new(c.clone())).expect("unique name");
+    c
+}
+
+fn counter_vec(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
+    let c = IntCounterVec::new(Opts::new(name, help), labels).expect("valid counter");
+    registry.register(Box::new(c.clone())).expect("unique name");
+    c
+}
+
+fn gauge(registry: &Registry, name: &str, help: &str) -> IntGauge {
+    let g = IntGauge::new(name, help).expect("valid gauge");
+    registry.register(Box::new(g.clone())).expect("unique name");
+    g
+}
+
+fn shard_gauge(registry: &Registry, name: &str, help: &str) -> IntGaugeVec {
+    let g = IntGaugeVec::new(Opts::new(name, help), &["shard"]).expect("valid gauge");
+    registry.register(Box::new(g.clone())).expect("unique name");
+    g
+}
+
+impl Metrics {
+    /// A registry with every metric of node `node_id` (a constant `node`
+    /// label, so metrics of several nodes can be told apart even when a
+    /// scraper does not add an instance label).
+    pub fn new(node_id: u64) -> Metrics {
+        let registry = Registry::new_custom(
+            None,
+            Some(std::iter::once(("node".to_owned(), node_id.to_string())).collect()),
+        )
+        .expect("valid registry");
+        let r = &registry;
+
+        let outcomes_vec = counter_vec(
+            r,
+            "fencelock_service_requests_total",
+            "Client requests answered by this node (the node the client called), by operation and outcome class.",
+            &["op", "outcome"],
+        );
+        let latency_vec = prometheus::HistogramVec::new(
+            HistogramOpts::new(
+                "fencelock_service_request_duration_seconds",
+                "Time from receiving a client request to answering it, forwarding and queueing included, by operation.",
+            )
+            .buckets(REQUEST_BUCKETS_SECONDS.to_vec()),
+            &["op"],
+        )
+        .expect("valid histogram");
+        r.register(Box::new(latency_vec.clone()))
+            .expect("unique name");
+        let mut outcomes = Vec::new();
+        let mut latency = Vec::new();
+        for op in Op::ALL {
+            for outcome in Outcome::ALL {
+                outcomes.push(outcomes_vec.with_label_values(&[op.label(), outcome.label()]));
+            }
+            latency.push(latency_vec.with_label_values(&[op.label()]));
+        }
+        let items_vec = counter_vec(
+            r,
+            "fencelock_service_renew_batch_items_total",
+            "Items of RenewBatch requests, by outcome class.",
+            &["outcome"],
+        );
+        let batch_items = Outcome::ALL
+            .iter()
+            .map(|o| items_vec.with_label_values(&[o.label()]))
+            .collect();
+        let requests = RequestMetrics {
+            outcomes,
+            latency,
+            batch_items,
+            forwarded: counter(
+                r,
+                "fencelock_service_forwarded_requests_total",
+                "Client requests this node forwarded to the node serving their shard.",
+            ),
+        };
+
+        let store = StoreHandles {
+            fsync_seconds: histogram(
+                r,
+                "fencelock_store_fsync_duration_seconds",
+                "Duration of the store loop's synced RocksDB write (one per loop iteration with Raft work).",
+                RAFT_BUCKETS_SECONDS,
+            ),
+            fsync_entries: histogram(
+                r,
+                "fencelock_store_fsync_entries",
+                "Raft log entries (all shards) persisted by one synced write.",
+                BATCH_BUCKETS,
+            ),
+            fsync_commands: histogram(
+                r,
+                "fencelock_store_fsync_commands",
+                "Lock commands this node proposed that one synced write carried (group commit).",
+                BATCH_BUCKETS,
+            ),
+            propose_commit_seconds: histogram(
+                r,
+                "fencelock_raft_propose_commit_duration_seconds",
+                "Time from proposing an entry on the leader to seeing it committed by a majority.",
+                RAFT_BUCKETS_SECONDS,
+            ),
+            commit_apply_seconds: histogram(
+                r,
+                "fencelock_raft_commit_apply_duration_seconds",
+                "Time from a replica learning an entry is committed to having applied it.",
+                RAFT_BUCKETS_SECONDS,
+            ),
+            leader_changes: counter(
+                r,
+                "fencelock_raft_leader_changes_total",
+                "Times a shard replica on this node became leader.",
+            ),
+            snapshots: counter_vec(
+                r,
+                "fencelock_raft_snapshots_total",
+                "Raft snapshots: taken (log compaction), sent to a lagging replica, installed from a leader.",
+                &["kind"],
+            ),
+            lock_events: counter_vec(
+                r,
+                "fencelock_lock_events_total",
+                "Lock state changes applied by shards this node leads: granted, granted_from_queue, released, expired, cancelled, wait_timed_out, wait_cancelled.",
+                &["event"],
+            ),
+            renewals: counter(
+                r,
+                "fencelock_lock_renewals_total",
+                "Renewals applied by shards this node leads.",
+            ),
+            renewal_failures: counter(
+                r,
+                "fencelock_lock_renewal_failures_total",
+                "Renewals refused at apply by shards this node leads (the lease was no longer held).",
+            ),
+        };
+
+        let shard = ShardGauges {
+            locks_held: shard_gauge(
+                r,
+                "fencelock_shard_locks_held",
+                "Held locks of a shard; reported by its serving leader only, so sums over nodes count each shard once.",
+            ),
+            waiters: shard_gauge(
+                r,
+                "fencelock_shard_waiters",
+                "Queued acquires of a shard; reported by its serving leader only.",
+            ),
+            is_leader: shard_gauge(
+                r,
+                "fencelock_shard_is_leader",
+                "1 when this node's replica of the shard leads and serves, else 0.",
+            ),
+            epoch: shard_gauge(
+                r,
+                "fencelock_shard_epoch",
+                "The shard's epoch as this replica has applied it.",
+            ),
+            term: shard_gauge(r, "fencelock_shard_term", "This replica's Raft term."),
+            applied_index: shard_gauge(
+                r,
+                "fencelock_shard_applied_index",
+                "Highest log index this replica applied.",
+            ),
+            commit_index: shard_gauge(
+                r,
+                "fencelock_shard_commit_index",
+                "Highest log index this replica knows committed.",
+            ),
+            leaderless_seconds: {
+                let g = prometheus::GaugeVec::new(
+                    Opts::new(
+                        "fencelock_shard_leaderless_seconds",
+                        "Seconds this replica has known no leader for its shard (0 while it knows one).",
+                    ),
+                    &["shard"],
+                )
+                .expect("valid gauge");
+                r.register(Box::new(g.clone())).expect("unique name");
+                g
+            },
+            voters: shard_gauge(
+                r,
+                "fencelock_shard_voters",
+                "Voters in the shard's configuration as this replica sees it.",
+            ),
+        };
+
+        let node = NodeGauges {
+            shards_without_leader: gauge(
+                r,
+                "fencelock_raft_shards_without_leader",
+                "Shard replicas on this node that know no leader.",
+            ),
+            store_queue_depth: gauge(
+                r,
+                "fencelock_store_queue_depth",
+                "Requests and messages waiting in the store loop's inbox.",
+            ),
+            store_queue_capacity: gauge(
+                r,
+                "fencelock_store_queue_capacity",
+                "Capacity of the store loop's inbox (raft.store_queue_depth); a full inbox answers SERVER_BUSY.",
+            ),
+            waiting_acquires: gauge(
+                r,
+                "fencelock_store_waiting_acquires",
+                "Queued acquires over every shard this node leads.",
+            ),
+            in_flight_requests: gauge(
+                r,
+                "fencelock_service_in_flight_requests",
+                "Client requests being served by this node now.",
+            ),
+            draining: gauge(
+                r,
+                "fencelock_node_draining",
+                "1 while the node shuts down gracefully (leaderships moving away, requests draining).",
+            ),
+            transport_dropped: counter(
+                r,
+                "fencelock_transport_dropped_messages_total",
+                "Raft messages dropped before reaching a peer stream (full queue, unreachable peer, oversize, fault rule); Raft retransmits.",
+            ),
+            transport_batches: counter(
+                r,
+                "fencelock_transport_batches_sent_total",
+                "Batches of Raft messages handed to peer streams.",
+            ),
+            transport_messages: counter(
+                r,
+                "fencelock_transport_messages_sent_total",
+                "Raft messages handed to peer streams.",
+            ),
+            audit_lines: counter(
+                r,
+                "fencelock_audit_lines_total",
+                "Audit log lines written.",
+            ),
+            audit_dropped: counter(
+                r,
+                "fencelock_audit_dropped_lines_total",
+                "Audit log lines dropped because the writer fell behind or the file could not be written.",
+            ),
+        };
+        let info = IntGaugeVec::new(
+            Opts::new(
+                "fencelock_build_info",
+                "Always 1; the `version` label is the running binary's version.",
+            ),
+            &["version"],
+        )
+        .expect("valid gauge");
+        r.register(Box::new(info.clone())).expect("unique name");
+        info.with_label_values(&[env!("CARGO_PKG_VERSION")]).set(1);
+
+        Metrics {
+            registry,
+            requests,
+            store,
+            shard,
+            node,
+            scrape: Mutex::new(()),
+        }
+    }
+
+    /// Thread-local accumulators for the store loop.
+    pub fn store_locals(&self) -> StoreMetrics {
+        let s = &self.store;
+        let event = |name: &str| s.lock_events.with_label_values(&[name]).local();
+        StoreMetrics {
+            fsync_seconds: s.fsync_seconds.local(),
+            fsync_entries: s.fsync_entries.local(),
+            fsync_commands: s.fsync_commands.local(),
+            propose_commit_seconds: s.propose_commit_seconds.local(),
+            commit_apply_seconds: s.commit_apply_seconds.local(),
+            leader_changes: s.leader_changes.local(),
+            snapshots_taken: s.snapshots.with_label_values(&["taken"]).local(),
+            snapshots_installed: s.snapshots.with_label_values(&["installed"]).local(),
+            snapshots_sent: s.snapshots.with_label_values(&["sent"]).local(),
+            grants: event("granted"),
+            grants_from_queue: event("granted_from_queue"),
+            releases: event("released"),
+            expiries: event("expired"),
+            lease_cancels: event("cancelled"),
+            wait_timeouts: event("wait_timed_out"),
+            wait_cancels: event("wait_cancelled"),
+            renewals: s.renewals.local(),
+            renewal_failures: s.renewal_failures.local(),
+            commands_since_sync: 0,
+        }
+    }
+
+    /// The Prometheus text exposition of every metric, with the state
+    /// gauges taken from `snapshot`.
+    pub fn render(&self, snapshot: &NodeSnapshot) -> String {
+        let _one_at_a_time = self.scrape.lock().unwrap_or_else(|e| e.into_inner());
+        self.refresh(snapshot);
+        let mut out = Vec::new();
+        TextEncoder::new()
+            .encode(&self.registry.gather(), &mut out)
+            .expect("text encoding of valid metrics");
+        String::from_utf8(out).expect("text exposition is UTF-8")
+    }
+
+    fn refresh(&self, snap: &NodeSnapshot) {
+        let g = &self.shard;
+        for vec in [
+            &g.locks_held,
+            &g.waiters,
+            &g.is_leader,
+            &g.epoch,
+            &g.term,
+            &g.applied_index,
+            &g.commit_index,
+            &g.voters,
+        ] {
+            // Replicas come and go (moves, splits): only current ones stay.
+            vec.reset();
+        }
+        g.leaderless_seconds.reset();
+        let mut leaderless = 0;
+        let mut waiting = 0;
+        for s in &snap.shards {
+            let shard = s.shard_id.to_string();
+            let l = [shard.as_str()];
+            if s.is_leader {
+                g.locks_held.with_label_values(&l).set(s.held as i64);
+                g.waiters.with_label_values(&l).set(s.waiters as i64);
+                waiting += s.waiters;
+            }
+            g.is_leader
+                .with_label_values(&l)
+                .set(i64::from(s.is_leader));
+            g.epoch.with_label_values(&l).set(s.epoch as i64);
+            g.term.with_label_values(&l).set(s.term as i64);
+            g.applied_index
+                .with_label_values(&l)
+                .set(s.applied_index as i64);
+            g.commit_index
+                .with_label_values(&l)
+                .set(s.commit_index as i64);
+            g.voters.with_label_values(&l).set(s.voters.len() as i64);
+            g.leaderless_seconds
+                .with_label_values(&l)
+                .set(s.leaderless_ms as f64 / 1_000.0);
+            if s.leader_id == 0 {
+                leaderless += 1;
+            }
+        }
+        let n = &self.node;
+        n.shards_without_leader.set(leaderless);
+        n.waiting_acquires.set(waiting as i64);
+        n.store_queue_depth.set(snap.store_queue_depth as i64);
+        n.store_queue_capacity.set(snap.store_queue_capacity as i64);
+        n.in_flight_requests.set(snap.in_flight_requests as i64);
+        n.draining.set(i64::from(snap.draining));
+        // Counters kept elsewhere (transport, audit) are mirrored by
+        // advancing ours to theirs.
+        for (c, now) in [
+            (&n.transport_dropped, snap.transport_dropped_total),
+            (&n.transport_batches, snap.transport_batches_total),
+            (&n.transport_messages, snap.transport_messages_total),
+            (&n.audit_lines, snap.audit_lines_total),
+            (&n.audit_dropped, snap.audit_dropped_total),
+        ] {
+            c.inc_by(now.saturating_sub(c.get()));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_reason_has_an_outcome_class_and_names_follow_the_convention() {
+        let m = Metrics::new(1);
+        let text = m.render(&NodeSnapshot {
+            shards: vec![ShardStatus {
+                shard_id: 3,
+                is_leader: true,
+                held: 7,
+                ..Default::default()
+            }],
+            ..Default::default()
+        });
+        assert!(
+            text.contains("fencelock_shard_locks_held{shard=\"3\",node=\"1\"} 7"),
+            "{text}"
+        );
+        for line in text.lines().filter(|l| l.starts_with("# TYPE ")) {
+            let mut parts = line.split_whitespace().skip(2);
+            let (name, kind) = (parts.next().unwrap(), parts.next().unwrap());
+            assert!(name.starts_with("fencelock_"), "{name}");
+            if kind == "counter" {
+                assert!(name.ends_with("_total"), "{name}");
+            } else {
+                assert!(!name.ends_with("_total"), "{name}");
+            }
+        }
+        // Every reason maps somewhere (the match is exhaustive) and the
+        // retriable ones are not reported as conflicts.
+        assert_eq!(Outcome::of_reason(Reason::NotLeader), Outcome::Unavailable);
+        assert_eq!(Outcome::of_reason(Reason::LockHeld), Outcome::Conflict);
+        assert_eq!(Outcome::of_reason(Reason::OutcomeUnknown), Outcome::Unknown);
+    }
+
+    #[test]
+    fn an_abandoned_request_counts_as_cancelled() {
+        let m = Metrics::new(1);
+        drop(m.requests.start(Op::Acquire));
+        m.requests.start(Op::Renew).finish(Outcome::Ok);
+        let text = m.render(&NodeSnapshot::default());
+        assert!(text.contains(
+            "fencelock_service_requests_total{op=\"acquire\",outcome=\"cancelled\",node=\"1\"} 1"
+        ));
+        assert!(text.contains(
+            "fencelock_service_requests_total{op=\"renew\",outcome=\"ok\",node=\"1\"} 1"
+        ));
+    }
+}

@@ -1,0 +1,270 @@
+//! `fencelock-bench`: see the crate docs (`lib.rs`) and `loadtest/README.md`.
+//!
+//! * `run` — one profile against one target (a fresh local cluster, or
+//!   `--endpoints`).
+//! * `compare` — the side-by-side suite behind `make bench`: every profile
+//!   against fencelock and against etcd, each on a fresh local cluster, one
+//!   report.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+use fencelock_bench::driver::{TargetKind, DEFAULT_OP_TIMEOUT_MS};
+use fencelock_bench::error::BenchError;
+use fencelock_bench::profile::saturate::LoadMode;
+use fencelock_bench::profile::{ProfileKind, DEFAULT_MAX_IN_FLIGHT};
+use fencelock_bench::report::Report;
+use fencelock_bench::suite::{self, Machine, Profiles, TargetSetup, DEFAULT_CONNS, DEFAULT_SHARDS};
+
+/// Load-test harness for fencelock, with etcd as the reference.
+#[derive(Debug, Parser)]
+#[command(name = "fencelock-bench", version)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run one profile against one target.
+    Run(RunArgs),
+    /// Run profiles against fencelock and etcd side by side (what `make
+    /// bench` does); writes one report.
+    Compare(CompareArgs),
+}
+
+#[derive(Debug, Args)]
+struct RunArgs {
+    /// The system to load.
+    #[arg(long, value_enum, default_value_t = TargetKind::Fencelock)]
+    target: TargetKind,
+    /// The workload.
+    #[arg(long, value_enum, default_value_t = ProfileKind::Seed)]
+    profile: ProfileKind,
+    /// Existing nodes (`host:port`, comma-separated). Without it a local
+    /// three-node cluster is started and stopped.
+    #[arg(long, value_delimiter = ',')]
+    endpoints: Option<Vec<String>>,
+    #[command(flatten)]
+    common: CommonArgs,
+}
+
+#[derive(Debug, Args)]
+struct CompareArgs {
+    /// Targets to compare.
+    #[arg(long, value_enum, value_delimiter = ',', default_values_t = [TargetKind::Fencelock, TargetKind::Etcd])]
+    targets: Vec<TargetKind>,
+    /// Profiles to run against each target.
+    #[arg(long, value_enum, value_delimiter = ',', default_values_t = [ProfileKind::Seed, ProfileKind::Contended, ProfileKind::Saturate, ProfileKind::Capacity])]
+    profiles: Vec<ProfileKind>,
+    #[command(flatten)]
+    common: CommonArgs,
+}
+
+#[derive(Debug, Args)]
+struct CommonArgs {
+    /// Where results.json, report.html and tables.md go.
+    #[arg(long, default_value = "target/bench")]
+    out: PathBuf,
+    /// The `fencelock` binary for local clusters (default: beside this
+    /// program, then $FENCELOCK_BIN, then PATH).
+    #[arg(long, env = "FENCELOCK_BIN")]
+    fencelock_bin: Option<PathBuf>,
+    /// The `etcd` binary for local clusters (default: PATH).
+    #[arg(long, env = "ETCD_BIN")]
+    etcd_bin: Option<PathBuf>,
+    /// Where local clusters keep their data (deleted afterwards unless
+    /// --keep-data).
+    #[arg(long, default_value = "target/bench/clusters")]
+    work_dir: PathBuf,
+    #[arg(long)]
+    keep_data: bool,
+    /// Shards per fencelock node in local clusters.
+    #[arg(long, default_value_t = DEFAULT_SHARDS)]
+    shards: u32,
+    /// gRPC connections per endpoint.
+    #[arg(long, default_value_t = DEFAULT_CONNS)]
+    conns: usize,
+    /// Deadline of one operation, retries included.
+    #[arg(long, default_value_t = DEFAULT_OP_TIMEOUT_MS)]
+    op_timeout_ms: u64,
+    /// Requests in flight before new ones wait (their latency still counts
+    /// from their schedule).
+    #[arg(long, default_value_t = DEFAULT_MAX_IN_FLIGHT)]
+    max_in_flight: usize,
+    /// No progress line.
+    #[arg(long)]
+    quiet: bool,
+    /// Short runs (seconds per profile) to check the setup, not to measure.
+    #[arg(long)]
+    quick: bool,
+
+    // ---- seed and capacity ----
+    /// Measured seconds of seed and capacity.
+    #[arg(long)]
+    duration_s: Option<u64>,
+    /// Seconds of warm-up before the seed window opens.
+    #[arg(long)]
+    warmup_s: Option<u64>,
+    /// Acquires per second (seed, capacity).
+    #[arg(long)]
+    rate: Option<f64>,
+    /// Resources to pick from (seed, capacity).
+    #[arg(long)]
+    resources: Option<u32>,
+    /// Leases held at steady state (seed, capacity).
+    #[arg(long)]
+    held: Option<u32>,
+    #[arg(long)]
+    ttl_ms: Option<u64>,
+    #[arg(long)]
+    renew_interval_ms: Option<u64>,
+
+    // ---- contended ----
+    /// Hot resources (contended).
+    #[arg(long)]
+    hot: Option<u32>,
+    /// Callers per hot resource (contended).
+    #[arg(long)]
+    clients: Option<u32>,
+    /// Seconds of the contended run.
+    #[arg(long)]
+    contended_s: Option<u64>,
+
+    // ---- saturate ----
+    /// open: step a rate up; closed: double the callers per step.
+    #[arg(long, value_enum)]
+    mode: Option<LoadMode>,
+    /// Lock ops/s of the first saturate step.
+    #[arg(long)]
+    start_rate: Option<f64>,
+    /// Seconds per saturate step.
+    #[arg(long)]
+    step_s: Option<u64>,
+    /// Acquire p99 bound of saturate, in ms.
+    #[arg(long)]
+    p99_bound_ms: Option<f64>,
+}
+
+impl CommonArgs {
+    fn profiles(&self) -> Profiles {
+        let mut p = Profiles::default();
+        if self.quick {
+            p.seed.resources = 2_000;
+            p.seed.held = 200;
+            p.seed.acquire_rate_per_s = 100.0;
+            p.seed.renew_interval_ms = 1_000;
+            p.seed.ttl_ms = 5_000;
+            p.seed.warmup_s = 3;
+            p.seed.duration_s = 10;
+            p.contended.duration_s = 5;
+            p.saturate.step_s = 3;
+            p.saturate.max_steps = 4;
+        }
+        let s = &mut p.seed;
+        s.duration_s = self.duration_s.unwrap_or(s.duration_s);
+        s.warmup_s = self.warmup_s.unwrap_or(s.warmup_s);
+        s.acquire_rate_per_s = self.rate.unwrap_or(s.acquire_rate_per_s);
+        s.resources = self.resources.unwrap_or(s.resources);
+        s.held = self.held.unwrap_or(s.held);
+        s.ttl_ms = self.ttl_ms.unwrap_or(s.ttl_ms);
+        s.renew_interval_ms = self.renew_interval_ms.unwrap_or(s.renew_interval_ms);
+        let c = &mut p.contended;
+        c.hot_resources = self.hot.unwrap_or(c.hot_resources);
+        c.clients_per_resource = self.clients.unwrap_or(c.clients_per_resource);
+        c.duration_s = self.contended_s.unwrap_or(c.duration_s);
+        let t = &mut p.saturate;
+        t.mode = self.mode.unwrap_or(t.mode);
+        t.start_rate_per_s = self.start_rate.unwrap_or(t.start_rate_per_s);
+        t.step_s = self.step_s.unwrap_or(t.step_s);
+        t.p99_bound_ms = self.p99_bound_ms.unwrap_or(t.p99_bound_ms);
+        p
+    }
+
+    fn setup(&self, kind: TargetKind, endpoints: Option<Vec<String>>) -> TargetSetup {
+        TargetSetup {
+            kind,
+            endpoints,
+            fencelock_bin: self.fencelock_bin.clone(),
+            etcd_bin: self.etcd_bin.clone(),
+            work_dir: self.work_dir.clone(),
+            shards: self.shards,
+            conns: self.conns,
+            op_timeout: Duration::from_millis(self.op_timeout_ms),
+            max_in_flight: self.max_in_flight,
+            keep_data: self.keep_data,
+            progress: !self.quiet,
+        }
+    }
+}
+
+async fn run(cli: Cli) -> Result<(), BenchError> {
+    let (common, jobs): (&CommonArgs, Vec<(TargetSetup, ProfileKind)>) = match &cli.command {
+        Command::Run(args) => (
+            &args.common,
+            vec![(
+                args.common.setup(args.target, args.endpoints.clone()),
+                args.profile,
+            )],
+        ),
+        Command::Compare(args) => (
+            &args.common,
+            args.targets
+                .iter()
+                .flat_map(|&t| {
+                    args.profiles
+                        .iter()
+                        .map(move |&p| (args.common.setup(t, None), p))
+                })
+                .collect(),
+        ),
+    };
+    let profiles = common.profiles();
+    let mut runs = Vec::new();
+    for (setup, profile) in jobs {
+        let result = suite::run_one(&setup, profile, &profiles).await?;
+        eprintln!(
+            "{} / {}: {} failed requests",
+            result.target.name(),
+            result.profile.name(),
+            result.summary.failed()
+        );
+        runs.push(result);
+        // Write after every run, so a late failure keeps what was measured.
+        let report = Report::new(
+            Machine::probe(common.etcd_bin.as_deref()),
+            profiles.clone(),
+            runs.clone(),
+        );
+        let paths = report.write(&common.out)?;
+        if runs.len() == 1 {
+            for p in &paths {
+                eprintln!("writing {}", p.display());
+            }
+        }
+    }
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(cli)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

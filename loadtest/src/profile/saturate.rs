@@ -1,0 +1,315 @@
+//! `saturate`: the highest lock-operation rate a target sustains with
+//! acquire p99 under a bound.
+//!
+//! Open loop, in steps: each step offers `rate` lock operations per second
+//! as uncontended acquire → release pairs (an acquire and its release are
+//! two lock operations, both committed) on random free resources, for
+//! `step_s` seconds. A step *holds* when acquire p99 stays within
+//! `p99_bound_ms`, at most [`MAX_FAILED_RATIO`] of requests fail, and the
+//! target completes at least [`MIN_DELIVERED_RATIO`] of what was offered.
+//! The rate grows by `growth` per step until a step fails; then one step
+//! halfway between the last good rate and the failed one narrows the
+//! answer. The result is the highest rate that held.
+//!
+//! Open loop matters here: past capacity, queues grow and the latency
+//! counted from the schedule explodes, so the boundary is sharp. A
+//! closed-loop run would instead settle at capacity with flattering
+//! latency.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+use super::{resource_name, FreeSet, RunContext};
+use crate::error::BenchError;
+use crate::outcome::{Op, Outcome};
+use crate::schedule::OpenLoop;
+use crate::stats::Recorder;
+
+/// Lock operations per second of the first step.
+pub const DEFAULT_START_RATE_PER_S: f64 = 500.0;
+/// Factor between steps.
+pub const DEFAULT_GROWTH: f64 = 1.5;
+pub const DEFAULT_STEP_S: u64 = 10;
+/// The brief's bound on uncontended acquire p99.
+pub const DEFAULT_P99_BOUND_MS: f64 = 200.0;
+pub const DEFAULT_MAX_STEPS: u32 = 12;
+/// Closed loop: callers of the first step, and the most of any step.
+pub const DEFAULT_START_CLIENTS: u32 = 4;
+pub const DEFAULT_MAX_CLIENTS: u32 = 1_024;
+/// Resources to pick from: enough that picks rarely wait for a free one.
+const RESOURCES: u32 = 100_000;
+/// Failed requests a holding step may have, as a share of all.
+pub const MAX_FAILED_RATIO: f64 = 0.01;
+/// Share of the offered operations a holding step must complete.
+pub const MIN_DELIVERED_RATIO: f64 = 0.9;
+/// Leases of the pairs (released at once; the TTL only matters if a
+/// release is lost).
+const TTL_MS: u64 = 30_000;
+
+/// How load is offered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+pub enum LoadMode {
+    /// A rate per second, whatever the target's latency (the default).
+    Open,
+    /// A number of callers, each starting its next pair when the last one
+    /// ended; doubles per step up to `max_clients`.
+    Closed,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct SaturateConfig {
+    pub mode: LoadMode,
+    /// Closed loop: callers in the first and the last step.
+    pub start_clients: u32,
+    pub max_clients: u32,
+    pub start_rate_per_s: f64,
+    pub growth: f64,
+    pub step_s: u64,
+    pub p99_bound_ms: f64,
+    pub max_steps: u32,
+}
+
+impl Default for SaturateConfig {
+    fn default() -> Self {
+        SaturateConfig {
+            mode: LoadMode::Open,
+            start_clients: DEFAULT_START_CLIENTS,
+            max_clients: DEFAULT_MAX_CLIENTS,
+            start_rate_per_s: DEFAULT_START_RATE_PER_S,
+            growth: DEFAULT_GROWTH,
+            step_s: DEFAULT_STEP_S,
+            p99_bound_ms: DEFAULT_P99_BOUND_MS,
+            max_steps: DEFAULT_MAX_STEPS,
+        }
+    }
+}
+
+/// One step's result.
+#[derive(Clone, Debug, Serialize)]
+pub struct Step {
+    /// Offered lock operations per second.
+    pub offered_per_s: f64,
+    /// Completed (successful) lock operations per second.
+    pub delivered_per_s: f64,
+    pub acquire_p50_ms: f64,
+    pub acquire_p99_ms: f64,
+    pub release_p99_ms: f64,
+    pub failed: u64,
+    pub held: bool,
+}
+
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct SaturateFindings {
+    pub steps: Vec<Step>,
+    /// The highest offered rate that held, in lock operations per second
+    /// (0 if even the first step failed).
+    pub best_ops_per_s: f64,
+}
+
+pub async fn run(
+    ctx: &RunContext,
+    config: &SaturateConfig,
+) -> Result<SaturateFindings, BenchError> {
+    if config.growth <= 1.0 || config.start_rate_per_s <= 0.0 || config.step_s == 0 {
+        return Err(BenchError::InvalidArgument(
+            "saturate: need growth > 1, a positive start rate and step".to_owned(),
+        ));
+    }
+    let free = Arc::new(FreeSet::new(RESOURCES));
+    if config.mode == LoadMode::Closed {
+        return run_closed(ctx, config, &free).await;
+    }
+    let mut findings = SaturateFindings::default();
+    let mut rate = config.start_rate_per_s;
+    let mut failed_rate = None;
+    for _ in 0..config.max_steps {
+        let step = run_step(ctx, config, &free, rate).await?;
+        let held = step.held;
+        findings.steps.push(step);
+        if held {
+            findings.best_ops_per_s = findings.best_ops_per_s.max(rate);
+            rate *= config.growth;
+        } else {
+            failed_rate = Some(rate);
+            break;
+        }
+    }
+    // One step between the last good rate and the first bad one.
+    if let Some(bad) = failed_rate {
+        let good = findings.best_ops_per_s;
+        if good > 0.0 {
+            let middle = (good + bad) / 2.0;
+            let step = run_step(ctx, config, &free, middle).await?;
+            if step.held {
+                findings.best_ops_per_s = middle;
+            }
+            findings.steps.push(step);
+        }
+    }
+    Ok(findings)
+}
+
+/// Closed loop: doubles the callers per step; the result is the best
+/// delivered rate among the steps that held.
+async fn run_closed(
+    ctx: &RunContext,
+    config: &SaturateConfig,
+    free: &Arc<FreeSet>,
+) -> Result<SaturateFindings, BenchError> {
+    let mut findings = SaturateFindings::default();
+    let mut clients = config.start_clients.max(1);
+    for _ in 0..config.max_steps {
+        let step_recorder = Arc::new(Recorder::new());
+        let start = Instant::now();
+        let end = start + Duration::from_secs(config.step_s);
+        let mut tasks = tokio::task::JoinSet::new();
+        for _ in 0..clients {
+            let (ctx, free, step_recorder) = (ctx.clone(), free.clone(), step_recorder.clone());
+            tasks.spawn(async move {
+                while Instant::now() < end {
+                    let Some(index) = free.take() else { break };
+                    pair(&ctx, &free, &step_recorder, index, Instant::now()).await;
+                }
+            });
+        }
+        while tasks.join_next().await.is_some() {}
+        // A closed loop offers exactly what it delivers: judged on latency
+        // and failures only (rate 0).
+        let mut step = judge(config, &step_recorder, start, 0.0);
+        step.offered_per_s = step.delivered_per_s;
+        if ctx.progress {
+            eprintln!(
+                "saturate (closed, {clients} callers): {:.0} ops/s, acquire p99 {:.1} ms -> {}",
+                step.delivered_per_s,
+                step.acquire_p99_ms,
+                if step.held { "held" } else { "FAILED" }
+            );
+        }
+        let held = step.held;
+        if held {
+            findings.best_ops_per_s = findings.best_ops_per_s.max(step.delivered_per_s);
+        }
+        findings.steps.push(step);
+        if !held || clients >= config.max_clients {
+            break;
+        }
+        clients = (clients * 2).min(config.max_clients);
+    }
+    Ok(findings)
+}
+
+/// One acquire → release pair on free resource `index`, due at `due`.
+async fn pair(
+    ctx: &RunContext,
+    free: &FreeSet,
+    step_recorder: &Recorder,
+    index: u32,
+    due: Instant,
+) {
+    let record = |op, due, outcome, error: Option<&str>| {
+        let done = Instant::now();
+        ctx.recorder.record(op, due, done, outcome, error);
+        step_recorder.record(op, due, done, outcome, error);
+    };
+    let _slot = ctx.in_flight.acquire().await;
+    let name = resource_name("saturate", index);
+    match ctx.backend.acquire(&name, TTL_MS, 0, ctx.op_timeout).await {
+        Ok(held) => {
+            record(Op::Acquire, due, Outcome::Ok, None);
+            let sent = Instant::now();
+            match ctx.backend.release(&held, ctx.op_timeout).await {
+                Ok(()) => {
+                    record(Op::Release, sent, Outcome::Ok, None);
+                    free.put_back(index);
+                }
+                Err(e) => record(Op::Release, sent, e.outcome, Some(&e.message)),
+            }
+        }
+        Err(e) => {
+            record(Op::Acquire, due, e.outcome, Some(&e.message));
+            if e.outcome == Outcome::Conflict {
+                free.put_back(index);
+            }
+        }
+    }
+}
+
+/// Turns a step's measurements into a [`Step`].
+fn judge(config: &SaturateConfig, step_recorder: &Recorder, start: Instant, rate: f64) -> Step {
+    let summary = step_recorder.summary();
+    let elapsed_s = start.elapsed().as_secs_f64().max(config.step_s as f64);
+    let acquire = summary.ops.get(&Op::Acquire);
+    let release = summary.ops.get(&Op::Release);
+    let ok = |s: Option<&crate::stats::OpSummary>| {
+        s.map_or(0, |s| s.outcomes.get("ok").copied().unwrap_or(0))
+    };
+    let total: u64 = summary.ops.values().map(|s| s.total).sum();
+    let failed = summary.failed();
+    let delivered_per_s = (ok(acquire) + ok(release)) as f64 / elapsed_s;
+    let acquire_p99_ms = acquire.map_or(f64::INFINITY, |s| s.p99_ms);
+    let held = acquire_p99_ms <= config.p99_bound_ms
+        && (failed as f64) <= MAX_FAILED_RATIO * total.max(1) as f64
+        && delivered_per_s >= MIN_DELIVERED_RATIO * rate;
+    Step {
+        offered_per_s: rate,
+        delivered_per_s,
+        acquire_p50_ms: acquire.map_or(0.0, |s| s.p50_ms),
+        acquire_p99_ms,
+        release_p99_ms: release.map_or(0.0, |s| s.p99_ms),
+        failed,
+        held,
+    }
+}
+
+/// Offers `rate` lock ops/s for one step; the step's measurements also go
+/// to `ctx.recorder` (the whole profile's view).
+async fn run_step(
+    ctx: &RunContext,
+    config: &SaturateConfig,
+    free: &Arc<FreeSet>,
+    rate: f64,
+) -> Result<Step, BenchError> {
+    let step_recorder = Arc::new(Recorder::new());
+    let start = Instant::now();
+    let end = start + Duration::from_secs(config.step_s);
+    // Each pair is two operations.
+    let mut pacer = OpenLoop::new(rate / 2.0, start, end)?;
+    let progress = ctx.progress.then(|| {
+        crate::progress::spawn(
+            step_recorder.clone(),
+            Duration::from_secs(config.step_s),
+            None,
+            Arc::new(move || format!("step at {rate:.0} ops/s")),
+        )
+    });
+    let mut tasks = tokio::task::JoinSet::new();
+    while let Some(due) = pacer.tick().await {
+        let Some(index) = free.take() else {
+            continue;
+        };
+        let (ctx, free, step_recorder) = (ctx.clone(), free.clone(), step_recorder.clone());
+        tasks.spawn(async move { pair(&ctx, &free, &step_recorder, index, due).await });
+    }
+    // Requests still in flight belong to this step: wait for them, so their
+    // latency is counted and the next step starts clean.
+    while tasks.join_next().await.is_some() {}
+    if let Some(p) = progress {
+        p.abort();
+    }
+    let step = judge(config, &step_recorder, start, rate);
+    let held = step.held;
+    if ctx.progress {
+        eprintln!(
+            "\nsaturate: offered {:.0} ops/s, delivered {:.0}, acquire p99 {:.1} ms, failed {} -> {}",
+            step.offered_per_s,
+            step.delivered_per_s,
+            step.acquire_p99_ms,
+            step.failed,
+            if held { "held" } else { "FAILED" }
+        );
+    }
+    Ok(step)
+}

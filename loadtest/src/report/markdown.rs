@@ -1,0 +1,201 @@
+//! Markdown tables of a [`Report`], for `docs/benchmarks.md`.
+
+use std::fmt::Write;
+
+use super::Report;
+use crate::outcome::{Op, Outcome};
+use crate::profile::ProfileFindings;
+use crate::suite::RunResult;
+
+fn opt(v: Option<f64>, digits: usize) -> String {
+    v.filter(|v| v.is_finite())
+        .map_or_else(|| "n/a".to_owned(), |v| format!("{v:.digits$}"))
+}
+
+fn latency_table(out: &mut String, runs: &[&RunResult]) {
+    out.push_str(
+        "| target | profile | op | ok/s | p50 ms | p95 ms | p99 ms | p99.9 ms | max ms | ok | conflict | timeout | unavailable | unknown |\n\
+         |---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+    );
+    for run in runs {
+        for (op, s) in &run.summary.ops {
+            let _ = write!(
+                out,
+                "| {} | {} | {} | {:.0} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} |",
+                run.target.name(),
+                run.profile.name(),
+                op.name(),
+                s.ok_per_s,
+                s.p50_ms,
+                s.p95_ms,
+                s.p99_ms,
+                s.p999_ms,
+                s.max_ms
+            );
+            for o in Outcome::ALL {
+                let _ = write!(out, " {} |", s.outcomes.get(o.name()).copied().unwrap_or(0));
+            }
+            out.push('\n');
+        }
+    }
+}
+
+pub fn render(report: &Report) -> String {
+    let mut out = String::new();
+    let m = &report.machine;
+    let _ = writeln!(
+        out,
+        "Machine: {} CPUs ({}), {:.1} GiB memory, Linux {}{}.\n",
+        m.cpus,
+        if m.cpu_model.is_empty() {
+            "unknown model"
+        } else {
+            &m.cpu_model
+        },
+        m.memory_gib,
+        m.kernel,
+        m.etcd_version
+            .as_ref()
+            .map(|v| format!(", etcd {v}"))
+            .unwrap_or_default()
+    );
+    let runs: Vec<&RunResult> = report.runs.iter().collect();
+
+    out.push_str("### Latency and outcomes\n\nLatency of successful requests, from each request's scheduled start (open loop) or send (closed loop).\n\n");
+    latency_table(&mut out, &runs);
+
+    out.push_str("\n### Machine load during each run\n\nThe 1-minute load average at the start and end of each run (2 cores: above 2, other work was competing for the CPU).\n\n| target | profile | load at start | load at end |\n|---|---|---:|---:|\n");
+    for run in &runs {
+        let _ = writeln!(
+            out,
+            "| {} | {} | {:.1} | {:.1} |",
+            run.target.name(),
+            run.profile.name(),
+            run.load_avg_1m[0],
+            run.load_avg_1m[1]
+        );
+    }
+
+    out.push_str("\n### CPU and memory per node\n\nCPU in cores busy on average over the measured window; resident memory at its end and the peak since the node started.\n\n| target | profile | node | CPU (cores) | RSS MiB | peak RSS MiB |\n|---|---|---:|---:|---:|---:|\n");
+    for run in &runs {
+        for n in &run.nodes {
+            let _ = writeln!(
+                out,
+                "| {} | {} | {} | {:.2} | {:.0} | {:.0} |",
+                run.target.name(),
+                run.profile.name(),
+                n.node,
+                n.cpu_cores,
+                n.rss_mib,
+                n.peak_rss_mib
+            );
+        }
+    }
+
+    out.push_str("\n### Batching: lock operations per Raft entry and per fsync\n\n| target | profile | lock ops | Raft entries | log fsyncs (all nodes) | ops / entry | ops / fsync (per node) | entries / fsync | mean fsync ms |\n|---|---|---:|---:|---:|---:|---:|---:|---:|\n");
+    for run in &runs {
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            run.target.name(),
+            run.profile.name(),
+            run.derived.lock_ops,
+            run.counters
+                .raft_entries
+                .map_or_else(|| "n/a".to_owned(), |v| v.to_string()),
+            run.counters
+                .log_fsyncs
+                .map_or_else(|| "n/a".to_owned(), |v| v.to_string()),
+            opt(run.derived.ops_per_entry, 1),
+            opt(run.derived.ops_per_fsync, 1),
+            opt(run.derived.entries_per_fsync, 2),
+            opt(run.derived.fsync_mean_ms, 2)
+        );
+    }
+
+    for run in &runs {
+        match &run.findings {
+            ProfileFindings::Contended(f) => {
+                let handoff = run.summary.ops.get(&Op::Handoff);
+                let release = run.summary.ops.get(&Op::Release);
+                if !out.contains("### Contended") {
+                    out.push_str("\n### Contended: hand-off and order\n\n| target | grants | hand-off p50 ms | hand-off p99 ms | release (one commit) p50 ms | release p99 ms | hand-off p99 / release p99 | FIFO inversions | token regressions |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+                }
+                let ratio = handoff
+                    .zip(release)
+                    .map(|(h, r)| h.p99_ms / r.p99_ms.max(1e-3));
+                let _ = writeln!(
+                    out,
+                    "| {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                    run.target.name(),
+                    f.grants,
+                    opt(handoff.map(|h| h.p50_ms), 2),
+                    opt(handoff.map(|h| h.p99_ms), 2),
+                    opt(release.map(|r| r.p50_ms), 2),
+                    opt(release.map(|r| r.p99_ms), 2),
+                    opt(ratio, 2),
+                    f.fifo_inversions,
+                    f.token_regressions
+                );
+            }
+            ProfileFindings::Saturate(_) | ProfileFindings::Seed(_) => {}
+        }
+    }
+
+    let saturations: Vec<&RunResult> = runs
+        .iter()
+        .copied()
+        .filter(|r| matches!(r.findings, ProfileFindings::Saturate(_)))
+        .collect();
+    if !saturations.is_empty() {
+        out.push_str("\n### Saturate: steps\n\n| target | offered ops/s | delivered ops/s | acquire p50 ms | acquire p99 ms | release p99 ms | failed | held |\n|---|---:|---:|---:|---:|---:|---:|---|\n");
+        for run in &saturations {
+            if let ProfileFindings::Saturate(f) = &run.findings {
+                for s in &f.steps {
+                    let _ = writeln!(
+                        out,
+                        "| {} | {:.0} | {:.0} | {:.2} | {} | {:.2} | {} | {} |",
+                        run.target.name(),
+                        s.offered_per_s,
+                        s.delivered_per_s,
+                        s.acquire_p50_ms,
+                        opt(Some(s.acquire_p99_ms), 2),
+                        s.release_p99_ms,
+                        s.failed,
+                        if s.held { "yes" } else { "**no**" }
+                    );
+                }
+            }
+        }
+        out.push_str(
+            "\n| target | highest lock ops/s with acquire p99 within the bound |\n|---|---:|\n",
+        );
+        for run in &saturations {
+            if let ProfileFindings::Saturate(f) = &run.findings {
+                let _ = writeln!(out, "| {} | {:.0} |", run.target.name(), f.best_ops_per_s);
+            }
+        }
+    }
+
+    for run in &runs {
+        if let ProfileFindings::Seed(f) = &run.findings {
+            if f.events.is_empty() {
+                continue;
+            }
+            let _ = writeln!(out, "\n### Capacity events ({})\n", run.target.name());
+            for e in &f.events {
+                let _ = writeln!(
+                    out,
+                    "- {:.1} s: {}{}",
+                    e.t_s,
+                    e.label,
+                    e.error
+                        .as_ref()
+                        .map(|m| format!(" (failed: {m})"))
+                        .unwrap_or_default()
+                );
+            }
+        }
+    }
+    out
+}
