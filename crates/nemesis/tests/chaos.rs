@@ -108,7 +108,20 @@ fn add_second_holder(h: &History) -> Option<History> {
 
 /// A grant whose token is below one granted before it was sent.
 fn lower_a_later_token(h: &History) -> Option<History> {
-    let grants: Vec<&Operation> = h.ops.iter().filter(|o| o.grant().is_some()).collect();
+    // Original grants only: a re-sent request returns an older grant.
+    let grants: Vec<&Operation> = h
+        .ops
+        .iter()
+        .filter(|o| {
+            matches!(
+                o.outcome,
+                Outcome::Ok(Reply::Acquired {
+                    deduplicated: false,
+                    ..
+                })
+            )
+        })
+        .collect();
     let (a, b) = grants.iter().find_map(|a| {
         let b = grants.iter().find(|b| {
             b.call.resource() == a.call.resource()
@@ -135,14 +148,22 @@ fn lower_a_later_token(h: &History) -> Option<History> {
 
 /// A re-sent request id answered with a second, different lease.
 fn regrant_a_resent_request(h: &History) -> Option<History> {
+    // A re-send whose request id was granted before by another operation.
     let i = h.ops.iter().position(|o| {
+        let Call::Acquire { request_id, .. } = &o.call else {
+            return false;
+        };
         matches!(
             o.outcome,
             Outcome::Ok(Reply::Acquired {
                 deduplicated: true,
                 ..
             })
-        )
+        ) && h.ops.iter().any(|p| {
+            p.id != o.id
+                && p.grant().is_some()
+                && matches!(&p.call, Call::Acquire { request_id: r, .. } if r == request_id)
+        })
     })?;
     let mut out = h.clone();
     if let Outcome::Ok(Reply::Acquired { lease_id, .. }) = &mut out.ops[i].outcome {

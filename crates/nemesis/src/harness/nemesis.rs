@@ -61,15 +61,25 @@ enum Active {
     Nothing,
 }
 
-/// Failpoint settings (the `fail` crate's syntax) per fault.
+/// Failpoint settings (the `fail` crate's syntax) per fault. `return` at the
+/// crash sites aborts the process; `panic` would only end the store thread.
 /// The crash comes after a few hundred synced writes: late enough that the
 /// restarted node leads shards again, soon enough to fall inside the hold.
-const FP_CRASH_AFTER_PERSIST: &str = "store::after_persist=400*off->panic";
+const FP_CRASH_AFTER_PERSIST: &str = "store::after_persist=400*off->return";
 const FP_DROP_REPLIES: &str = "store::drop_reply=33%return";
-const FP_SLOW_LEADER_SYNC: &str = "store::leader_sync=sleep(1500)";
-const FP_CRASH_IN_SNAPSHOT_INSTALL: &str = "store::snapshot_install=panic";
+/// One 3 s stall of a leader's synced write, after the leadership moves to
+/// the armed node have gone through (a stall on every write would starve its
+/// Raft ticks and the moves would never finish): it lands around the time
+/// the node is cut off, so an old leader finishes a delayed write.
+const FP_SLOW_LEADER_SYNC: &str = "store::leader_sync=30*off->1*sleep(3000)";
+const FP_CRASH_IN_SNAPSHOT_INSTALL: &str = "store::snapshot_install=return";
 /// How long a node restarted with failpoints gets before it is used.
 const ARMED_STARTUP_MS: u64 = 2_000;
+/// Leadership moves to an armed node are abandoned after this: a node with
+/// a slow disk may take long to serve, and the fault goes on without it.
+const LEAD_ON_TIMEOUT_MS: u64 = 6_000;
+/// Shards whose leadership moves to an armed node.
+const LEAD_ON_SHARDS: usize = 2;
 
 pub struct Nemesis<'a> {
     pub cluster: &'a mut Cluster,
@@ -232,37 +242,43 @@ impl<'a> Nemesis<'a> {
         )
     }
 
-    /// Transfers up to [`TRANSFERS_PER_FAULT`] shards' leadership to `node`.
+    /// Transfers up to [`LEAD_ON_SHARDS`] shards' leadership to `node`.
     async fn lead_on(&self, node: u64, pick: u64) -> String {
         let list = match self.cluster.shards().await {
             Ok(list) => list,
             Err(e) => return format!("nothing ({e})"),
         };
         let mut led = Vec::new();
+        let mut failed = Vec::new();
         for shard in list.shards.iter().filter(|s| {
             s.leader_node_id != node
                 && s.replicas
                     .iter()
                     .any(|r| r.node_id == node && r.role() == ReplicaRole::Voter)
         }) {
-            if led.len() == TRANSFERS_PER_FAULT {
+            if led.len() + failed.len() == LEAD_ON_SHARDS {
                 break;
             }
-            let shard_id = shard.shard_id;
-            let moved = self
-                .admin(pick, |mut c| async move {
-                    c.transfer_leader(TransferLeaderRequest {
-                        shard_id,
-                        to_node_id: node,
-                    })
-                    .await
-                })
-                .await;
-            if moved.is_ok() {
-                led.push(shard_id);
+            let Some(&via) = self.cluster.running(pick).iter().find(|n| **n != node) else {
+                break;
+            };
+            let mut client = self.cluster.admin_client(via);
+            let call = client.transfer_leader(TransferLeaderRequest {
+                shard_id: shard.shard_id,
+                to_node_id: node,
+            });
+            let moved = tokio::time::timeout(Duration::from_millis(LEAD_ON_TIMEOUT_MS), call).await;
+            match moved {
+                Ok(Ok(_)) => led.push(shard.shard_id),
+                Ok(Err(status)) => failed.push(format!("{}: {}", shard.shard_id, status.message())),
+                Err(_) => failed.push(format!("{}: timed out", shard.shard_id)),
             }
         }
-        format!("shards {led:?}")
+        if failed.is_empty() {
+            format!("shards {led:?}")
+        } else {
+            format!("shards {led:?} (not: {})", failed.join("; "))
+        }
     }
 
     /// Arms a node without a replica of some shard to crash installing a

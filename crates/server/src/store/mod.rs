@@ -1013,12 +1013,13 @@ impl Store {
         }
         let synced_at = Instant::now();
         // Failpoints (feature `failpoints`, docs/testing.md): a slow disk on
-        // a leader, and a crash with entries durable but nothing answered.
+        // a leader, and a crash (abort: no unwinding, like SIGKILL) with
+        // entries durable but nothing sent, applied or answered.
         if self.peers.values().any(Peer::is_leader) {
             fail::fail_point!("store::leader_sync");
         }
         self.write_or_die(&batch, true);
-        fail::fail_point!("store::after_persist");
+        fail::fail_point!("store::after_persist", |_| std::process::abort());
         let m = &mut self.obs.metrics;
         m.fsync_seconds.observe(synced_at.elapsed().as_secs_f64());
         m.fsync_entries.observe(entries_staged as f64);
@@ -1035,7 +1036,7 @@ impl Store {
             };
             peer.raw.mut_store().on_persisted();
             if let Some(snap) = snapshot {
-                fail::fail_point!("store::snapshot_install");
+                fail::fail_point!("store::snapshot_install", |_| std::process::abort());
                 match decode_state(snap.get_data()) {
                     Ok((table, placement)) => {
                         peer.table = table;
