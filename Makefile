@@ -74,3 +74,42 @@ chaos: deps
 	$(CARGO) build --locked --workspace --all-targets
 	$(CARGO_TARGET_DIR)/debug/nemesis run --duration-secs $(CHAOS_SECS) \
 		--faults $(CHAOS_FAULTS) $(if $(CHAOS_SEED),--seed $(CHAOS_SEED))
+
+# ---- Fuzzing (fuzz/, docs/testing.md "Fuzzing") ---------------------------
+# Coverage-guided libFuzzer runs with cargo-fuzz, FUZZ_SECS seconds per
+# target (default 60), every target or the ones in FUZZ_TARGET
+# (comma-separated). The bounded smoke of the same targets is part of
+# `make test`. cargo-fuzz passes nightly-only flags (-Zsanitizer=address);
+# RUSTC_BOOTSTRAP=1 lets the stable toolchain accept them. New inputs go to
+# $(FUZZ_WORK)/<target> (the committed corpus in fuzz/corpus stays as it
+# is); crashes to fuzz/artifacts/<target>/. FUZZ_ARGS go to libFuzzer
+# (for example FUZZ_ARGS="-jobs=2 -workers=2").
+FUZZ_SECS ?= 60
+FUZZ_TARGET ?= all
+FUZZ_ARGS ?=
+FUZZ_WORK ?= $(CARGO_TARGET_DIR)/fuzz-corpus
+FUZZ_ALL := command_decode snapshot_decode export_import placement_decode \
+	lock_table_apply placement_apply api_requests
+fuzz_comma := ,
+FUZZ_SELECTED = $(if $(filter all,$(FUZZ_TARGET)),$(FUZZ_ALL),$(subst $(fuzz_comma), ,$(FUZZ_TARGET)))
+.PHONY: fuzz
+fuzz: deps
+	@command -v cargo-fuzz >/dev/null || $(CARGO) install --locked cargo-fuzz
+	cd fuzz && RUSTC_BOOTSTRAP=1 $(CARGO) fuzz build
+	cd fuzz && for t in $(FUZZ_SELECTED); do \
+		mkdir -p $(FUZZ_WORK)/$$t && \
+		echo "== fuzz $$t for $(FUZZ_SECS) s" && \
+		RUSTC_BOOTSTRAP=1 $(CARGO) fuzz run $$t $(FUZZ_WORK)/$$t corpus/$$t -- \
+			-max_total_time=$(FUZZ_SECS) -max_len=4096 -timeout=10 -print_final_stats=1 $(FUZZ_ARGS) \
+			|| exit 1; \
+	done
+
+# Deterministic simulation of the multi-Raft layer (docs/testing.md): the
+# real store of three nodes under one seeded RNG. `make test` runs 200
+# seeds; this runs SIM_SEEDS of them. SIM_SEED=S replays exactly seed S.
+SIM_SEEDS ?= 2000
+SIM_SEED ?=
+.PHONY: sim
+sim: deps
+	$(if $(SIM_SEED),FENCELOCK_SIM_SEED=$(SIM_SEED),FENCELOCK_SIM_SEEDS=$(SIM_SEEDS)) \
+		$(CARGO) test --locked --workspace --test simulation -- --nocapture

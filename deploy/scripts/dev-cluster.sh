@@ -6,7 +6,9 @@
 #   deploy/scripts/dev-cluster.sh --nodes 5 --fresh     # see `fencelock dev --help`
 #
 # Configs and data live in .fencelock-dev/ (relative to the current
-# directory) and survive restarts; Ctrl-C stops every node.
+# directory) and survive restarts; Ctrl-C stops every node. The dev cluster
+# runs without TLS (`[tls] insecure = true`, development only); see
+# docs/security.md and `fencelock dev certs` for a TLS setup.
 set -euo pipefail
 
 # The same default as the Makefile: build output outside the clone, so the

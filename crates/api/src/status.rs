@@ -63,9 +63,14 @@ fn policy(reason: Reason) -> (Code, RetryPolicy) {
         R::LockHeld | R::WaitTimedOut => (Code::Aborted, P::Backoff),
         R::LeaseIdCollision => (Code::Aborted, P::Immediately),
 
-        R::QueueFull | R::TenantWaitersExceeded | R::DedupTableFull | R::TableFull => {
-            (Code::ResourceExhausted, P::Backoff)
-        }
+        R::QueueFull
+        | R::TenantWaitersExceeded
+        | R::DedupTableFull
+        | R::TableFull
+        | R::TenantQuotaExceeded
+        | R::RateLimited => (Code::ResourceExhausted, P::Backoff),
+
+        R::PermissionDenied => (Code::PermissionDenied, P::Never),
 
         R::LeaseNotHeld | R::HoldLimitReached | R::PlacementConflict => {
             (Code::FailedPrecondition, P::Never)

@@ -49,6 +49,7 @@ const ACQUIRE_CONTENTION_REASONS: &[Reason] = &[
     Reason::WaitTimedOut,
     Reason::QueueFull,
     Reason::TenantWaitersExceeded,
+    Reason::TenantQuotaExceeded,
 ];
 
 /// The id of one logical acquire: stable across its retries, so a retry
@@ -186,7 +187,7 @@ impl Client {
         config: ClientConfig,
     ) -> Result<Client, ClientError> {
         config.validate()?;
-        let router = Router::new(endpoints, config.connect_timeout())?;
+        let router = Router::with_tls(endpoints, config.connect_timeout(), config.tls.clone())?;
         let (stop_tx, stop_rx) = oneshot::channel();
         let wake = Arc::new(Notify::new());
         let inner = Arc::new(Inner {

@@ -62,6 +62,54 @@ pub struct ClientConfig {
     /// tells the application to stop this long before the lease could end by
     /// its own clock, to cover clock-rate drift (see the crate docs).
     pub stop_by_margin_percent: u32,
+    /// Mutual TLS: the CA that signed the servers' certificates and this
+    /// client's certificate and key (default none: plaintext, for servers
+    /// in insecure dev mode). With it, endpoints without a scheme are
+    /// dialed with `https://`.
+    pub tls: Option<ClientTls>,
+}
+
+/// PEM texts for mutual TLS. The client's certificate carries its identity
+/// (`spiffe://fencelock/tenant/<tenant>/<name>`, docs/security.md).
+#[derive(Clone, PartialEq, Eq)]
+pub struct ClientTls {
+    pub ca_pem: Vec<u8>,
+    pub cert_pem: Vec<u8>,
+    pub key_pem: Vec<u8>,
+}
+
+impl ClientTls {
+    /// Reads the three PEM files.
+    pub fn from_files(
+        ca_file: impl AsRef<std::path::Path>,
+        cert_file: impl AsRef<std::path::Path>,
+        key_file: impl AsRef<std::path::Path>,
+    ) -> Result<ClientTls, ClientError> {
+        let read = |what: &str, path: &std::path::Path| {
+            std::fs::read(path).map_err(|e| {
+                ClientError::InvalidConfig(format!("tls {what} {}: {e}", path.display()))
+            })
+        };
+        Ok(ClientTls {
+            ca_pem: read("CA file", ca_file.as_ref())?,
+            cert_pem: read("certificate file", cert_file.as_ref())?,
+            key_pem: read("key file", key_file.as_ref())?,
+        })
+    }
+
+    pub(crate) fn tonic_config(&self) -> tonic::transport::ClientTlsConfig {
+        use tonic::transport::{Certificate, ClientTlsConfig, Identity};
+        ClientTlsConfig::new()
+            .ca_certificate(Certificate::from_pem(&self.ca_pem))
+            .identity(Identity::from_pem(&self.cert_pem, &self.key_pem))
+    }
+}
+
+impl std::fmt::Debug for ClientTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never print the key.
+        f.debug_struct("ClientTls").finish_non_exhaustive()
+    }
 }
 
 impl Default for ClientConfig {
@@ -73,6 +121,7 @@ impl Default for ClientConfig {
             backoff_base_ms: DEFAULT_BACKOFF_BASE_MS,
             backoff_max_ms: DEFAULT_BACKOFF_MAX_MS,
             stop_by_margin_percent: DEFAULT_STOP_BY_MARGIN_PERCENT,
+            tls: None,
         }
     }
 }

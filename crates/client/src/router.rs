@@ -43,6 +43,8 @@ pub(crate) struct Router {
     seeds: Vec<String>,
     /// `http` or `https`, taken from the first seed, for hinted addresses.
     scheme: String,
+    /// Mutual TLS for `https://` endpoints.
+    tls: Option<crate::config::ClientTls>,
     connect_timeout: Duration,
     state: Mutex<RouteState>,
 }
@@ -69,7 +71,19 @@ pub(crate) fn normalize(endpoint: &str, scheme: &str) -> String {
 }
 
 impl Router {
+    #[cfg(test)]
     pub fn new(endpoints: Vec<String>, connect_timeout: Duration) -> Result<Router, ClientError> {
+        Self::with_tls(endpoints, connect_timeout, None)
+    }
+
+    /// [`Router::new`] with mutual TLS: endpoints without a scheme get
+    /// `https://`.
+    pub fn with_tls(
+        endpoints: Vec<String>,
+        connect_timeout: Duration,
+        tls: Option<crate::config::ClientTls>,
+    ) -> Result<Router, ClientError> {
+        let default_scheme = if tls.is_some() { "https" } else { "http" };
         if endpoints.is_empty() {
             return Err(ClientError::InvalidEndpoint {
                 endpoint: String::new(),
@@ -85,7 +99,7 @@ impl Router {
         let mut seeds: Vec<String> = Vec::with_capacity(endpoints.len());
         for endpoint in &endpoints {
             let trimmed = endpoint.trim();
-            let url = normalize(trimmed, "http");
+            let url = normalize(trimmed, default_scheme);
             let parsed =
                 Endpoint::from_shared(url.clone()).map_err(|e| ClientError::InvalidEndpoint {
                     endpoint: endpoint.clone(),
@@ -108,6 +122,7 @@ impl Router {
         Ok(Router {
             seeds,
             scheme,
+            tls,
             connect_timeout,
             state: Mutex::new(RouteState::default()),
         })
@@ -158,11 +173,15 @@ impl Router {
             let seeds = &self.seeds;
             state.channels.retain(|u, _| seeds.contains(u));
         }
-        let channel = Endpoint::from_shared(url.to_owned())
-            .map_err(|e| ClientError::InvalidEndpoint {
-                endpoint: url.to_owned(),
-                reason: e.to_string(),
-            })?
+        let invalid = |e: tonic::transport::Error| ClientError::InvalidEndpoint {
+            endpoint: url.to_owned(),
+            reason: e.to_string(),
+        };
+        let mut endpoint = Endpoint::from_shared(url.to_owned()).map_err(invalid)?;
+        if let (Some(tls), true) = (&self.tls, url.starts_with("https://")) {
+            endpoint = endpoint.tls_config(tls.tonic_config()).map_err(invalid)?;
+        }
+        let channel = endpoint
             .connect_timeout(self.connect_timeout)
             .tcp_nodelay(true)
             .http2_keep_alive_interval(KEEPALIVE_INTERVAL)

@@ -24,6 +24,8 @@
 
 mod error;
 mod memory;
+#[cfg(feature = "prometheus")]
+mod metered;
 #[cfg(feature = "postgres")]
 mod postgres;
 #[cfg(feature = "testing")]
@@ -33,6 +35,8 @@ use std::future::Future;
 
 pub use error::FenceError;
 pub use memory::{MemoryFenceStore, DEFAULT_MAX_RESOURCES};
+#[cfg(feature = "prometheus")]
+pub use metered::{FenceMetrics, Metered, CALLS_METRIC, REJECTIONS_METRIC};
 #[cfg(feature = "postgres")]
 pub use postgres::PgFenceStore;
 

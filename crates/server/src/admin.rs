@@ -15,10 +15,7 @@ use tonic::{Request, Response, Status};
 use crate::errors::ServerError;
 use crate::ops::Ops;
 
-/// Entries `HotResources` returns when the request asks for 0.
-pub const DEFAULT_HOT_LIMIT: u32 = 20;
-/// Most entries one `HotResources` call returns.
-pub const MAX_HOT_LIMIT: u32 = 1_000;
+pub use crate::validate::{DEFAULT_HOT_LIMIT, MAX_HOT_LIMIT};
 
 pub struct AdminServiceImpl {
     ops: Ops,
@@ -48,29 +45,6 @@ fn invalid(field: &'static str, reason: impl Into<String>) -> Status {
         reason: reason.into(),
     }
     .into()
-}
-
-/// Expands inclusive slot ranges into sorted, unique slots.
-fn slots_from_ranges(ranges: &[SlotRange]) -> Result<Vec<u32>, Status> {
-    let mut slots = std::collections::BTreeSet::new();
-    for r in ranges {
-        if r.start > r.end || r.end >= SLOT_COUNT {
-            return Err(invalid(
-                "slots",
-                format!(
-                    "range {}..={} is not within 0..={}",
-                    r.start,
-                    r.end,
-                    SLOT_COUNT - 1
-                ),
-            ));
-        }
-        slots.extend(r.start..=r.end);
-    }
-    if slots.is_empty() {
-        return Err(invalid("slots", "no slots given"));
-    }
-    Ok(slots.into_iter().collect())
 }
 
 #[tonic::async_trait]
@@ -239,9 +213,7 @@ impl AdminService for AdminServiceImpl {
     ) -> Result<Response<AddNodeResponse>, Status> {
         let _turn = self.one_at_a_time.lock().await;
         let req = request.into_inner();
-        if req.node_id == 0 {
-            return Err(invalid("node_id", "must be the new node's id (≥ 1)"));
-        }
+        crate::validate::new_node_id(req.node_id)?;
         let map_version = self.ops.add_node(req.node_id, req.address).await?;
         Ok(Response::new(AddNodeResponse {
             node_id: req.node_id,
@@ -256,7 +228,7 @@ impl AdminService for AdminServiceImpl {
         let _turn = self.one_at_a_time.lock().await;
         let done = match request.into_inner().action {
             Some(reshard_request::Action::MoveSlots(m)) => {
-                let slots = slots_from_ranges(&m.slots)?;
+                let slots = crate::validate::slots_from_ranges(&m.slots)?;
                 self.ops
                     .move_slots(m.from_shard_id, m.to_shard_id, slots)
                     .await?
@@ -283,16 +255,7 @@ impl AdminService for AdminServiceImpl {
         &self,
         request: Request<HotResourcesRequest>,
     ) -> Result<Response<HotResourcesResponse>, Status> {
-        let limit = match request.into_inner().limit {
-            0 => DEFAULT_HOT_LIMIT,
-            n if n <= MAX_HOT_LIMIT => n,
-            n => {
-                return Err(invalid(
-                    "limit",
-                    format!("must be in 0..={MAX_HOT_LIMIT}, got {n}"),
-                ))
-            }
-        };
+        let limit = crate::validate::hot_limit(request.into_inner().limit)?;
         let map = self.ops.fresh_map().await?;
         let statuses = self.ops.statuses(&map).await;
         let mut resources = Vec::new();

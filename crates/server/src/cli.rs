@@ -41,7 +41,7 @@ pub const EXIT_CODES_HELP: &str = "\
 Exit codes:
   0  success
   1  the lock is held by someone else (LOCK_HELD, WAIT_TIMED_OUT, QUEUE_FULL,
-     TENANT_WAITERS_EXCEEDED), or the lease does not hold it (LEASE_NOT_HELD,
+     TENANT_WAITERS_EXCEEDED, TENANT_QUOTA_EXCEEDED), or the lease does not hold it (LEASE_NOT_HELD,
      HOLD_LIMIT_REACHED, a release that released nothing)
   2  usage error: bad arguments, an invalid config file, or a request the
      server refused as malformed (INVALID_ARGUMENT)
@@ -169,6 +169,73 @@ pub struct ClientOpts {
     /// Print redirects and retries to stderr.
     #[arg(long, short)]
     verbose: bool,
+    #[command(flatten)]
+    tls: TlsArgs,
+}
+
+/// Mutual TLS for the client commands (docs/security.md). All three files,
+/// or none (plaintext, for a cluster in insecure dev mode).
+#[derive(Clone, Debug, Default, Args)]
+pub struct TlsArgs {
+    /// The CA certificate (PEM) that signed the nodes' certificates.
+    #[arg(
+        long,
+        env = "FENCELOCK_TLS_CA_FILE",
+        value_name = "PATH",
+        global = true
+    )]
+    ca_file: Option<PathBuf>,
+    /// This client's certificate (PEM); its URI SAN is the caller's
+    /// identity (spiffe://fencelock/tenant/<tenant>/<name> for locks,
+    /// spiffe://fencelock/admin/<name> for `fencelock admin`).
+    #[arg(
+        long,
+        env = "FENCELOCK_TLS_CERT_FILE",
+        value_name = "PATH",
+        global = true
+    )]
+    cert_file: Option<PathBuf>,
+    /// This client's private key (PEM).
+    #[arg(
+        long,
+        env = "FENCELOCK_TLS_KEY_FILE",
+        value_name = "PATH",
+        global = true
+    )]
+    key_file: Option<PathBuf>,
+}
+
+impl TlsArgs {
+    /// The TLS to dial with: none when no file is given.
+    pub fn peer_tls(&self) -> Result<fencelock_server::security::PeerTls, String> {
+        use fencelock_server::security::{PeerTls, TlsMaterial};
+        match (&self.ca_file, &self.cert_file, &self.key_file) {
+            (None, None, None) => Ok(PeerTls::insecure()),
+            (Some(ca), Some(cert), Some(key)) => {
+                let material = TlsMaterial::load(ca, cert, key).map_err(|e| {
+                    // The loader names the node's config keys; say flags.
+                    e.to_string()
+                        .replace("tls.ca_file", "--ca-file")
+                        .replace("tls.cert_file", "--cert-file")
+                        .replace("tls.key_file", "--key-file")
+                })?;
+                Ok(PeerTls::new(Some(std::sync::Arc::new(material))))
+            }
+            _ => Err("TLS needs all of --ca-file, --cert-file and --key-file \
+                      (or FENCELOCK_TLS_CA_FILE, FENCELOCK_TLS_CERT_FILE, FENCELOCK_TLS_KEY_FILE)"
+                .to_owned()),
+        }
+    }
+
+    /// The same for the client library.
+    pub fn client_tls(&self) -> Result<Option<fencelock_client::ClientTls>, String> {
+        let tls = self.peer_tls()?;
+        Ok(tls.material().map(|m| fencelock_client::ClientTls {
+            ca_pem: m.ca_pem().to_vec(),
+            cert_pem: m.cert_pem().to_vec(),
+            key_pem: m.key_pem().to_vec(),
+        }))
+    }
 }
 
 /// Runs the parsed command line; returns the process exit code.

@@ -104,6 +104,21 @@ pub enum ServerError {
     /// migration is between its steps. Retry after a short backoff.
     #[error("{0}")]
     Routing(String),
+    /// The caller's identity may not do this (another tenant's resource, or
+    /// a call that needs another kind of identity). The message says what
+    /// the caller lacks and nothing about the resource.
+    #[error("permission denied: {0}")]
+    PermissionDenied(&'static str),
+    /// The caller's tenant is over its request rate on this node.
+    #[error("tenant is over its rate of {limit_per_sec} requests per second on this node")]
+    RateLimited {
+        limit_per_sec: u64,
+        retry_after_ms: u64,
+    },
+    /// TLS material or the data directory's permissions are unusable: the
+    /// node does not start.
+    #[error("security: {0}")]
+    Security(String),
 }
 
 fn leader_note(leader: &Option<LeaderInfo>) -> String {
@@ -128,9 +143,12 @@ impl ServerError {
             ServerError::InvalidArgument { field, .. } => invalid_argument_reason(field),
             ServerError::WaitTimedOut => Reason::WaitTimedOut,
             ServerError::WaitCancelled => Reason::WaitCancelled,
-            ServerError::Storage(_) | ServerError::Config(_) | ServerError::Internal(_) => {
-                Reason::Internal
-            }
+            ServerError::Storage(_)
+            | ServerError::Config(_)
+            | ServerError::Internal(_)
+            | ServerError::Security(_) => Reason::Internal,
+            ServerError::PermissionDenied(_) => Reason::PermissionDenied,
+            ServerError::RateLimited { .. } => Reason::RateLimited,
             ServerError::ShardNotHere { .. } => Reason::ShardNotFound,
             ServerError::Routing(_) => Reason::EpochNotMatch,
             ServerError::Placement(e) => placement_reason(e),
@@ -206,9 +224,22 @@ impl ServerError {
                 ..base
             },
             ServerError::Placement(_) => base,
-            ServerError::ShuttingDown | ServerError::WaitTimedOut | ServerError::WaitCancelled => {
-                base
-            }
+            ServerError::RateLimited {
+                limit_per_sec,
+                retry_after_ms,
+            } => ErrorDetail {
+                max_allowed: *limit_per_sec,
+                retry_after_ms: *retry_after_ms,
+                ..base
+            },
+            ServerError::Security(_) => ErrorDetail {
+                retry_after_ms: INTERNAL_RETRY_AFTER_MS,
+                ..base
+            },
+            ServerError::ShuttingDown
+            | ServerError::WaitTimedOut
+            | ServerError::WaitCancelled
+            | ServerError::PermissionDenied(_) => base,
         }
     }
 }
@@ -281,6 +312,10 @@ fn lock_reason(error: &LockError) -> Reason {
         // Routed by a stale map: refresh it and retry at the owner.
         E::WrongShard { .. } => Reason::EpochNotMatch,
         E::MigrationRefused { .. } => Reason::PlacementConflict,
+        E::PermissionDenied => Reason::PermissionDenied,
+        E::TenantQuotaExceeded { .. } => Reason::TenantQuotaExceeded,
+        // The server builds owners from verified certificates.
+        E::InvalidOwner { .. } => Reason::Internal,
     }
 }
 
@@ -327,7 +362,8 @@ fn lock_detail(error: &LockError, base: ErrorDetail) -> ErrorDetail {
         E::QueueFull { limit }
         | E::TenantWaitersExceeded { limit }
         | E::DedupTableFull { limit }
-        | E::TableFull { limit } => ErrorDetail {
+        | E::TableFull { limit }
+        | E::TenantQuotaExceeded { limit } => ErrorDetail {
             max_allowed: u64::from(limit),
             ..base
         },
@@ -361,6 +397,10 @@ fn lock_detail(error: &LockError, base: ErrorDetail) -> ErrorDetail {
             retry_after_ms: LEADER_UNKNOWN_RETRY_AFTER_MS,
             ..base
         },
-        E::LeaseNotHeld | E::LeaseIdCollision | E::MigrationRefused { .. } => base,
+        E::LeaseNotHeld
+        | E::LeaseIdCollision
+        | E::MigrationRefused { .. }
+        | E::PermissionDenied
+        | E::InvalidOwner { .. } => base,
     }
 }

@@ -26,6 +26,9 @@
 //! * [`admin_http`] — the admin HTTP port: `/metrics` and the operator
 //!   status page.
 //! * [`logging`] — `tracing` output: filters, text or JSON.
+//! * [`validate`] — field checks of public API requests (pure; fuzzed).
+//! * [`security`] — mutual TLS, caller identities and who may call what,
+//!   per-tenant rate limits, private data directories (docs/security.md).
 
 pub mod admin;
 pub mod admin_http;
@@ -41,10 +44,12 @@ pub mod node;
 pub mod ops;
 pub mod peers;
 pub mod router;
+pub mod security;
 pub mod service;
 pub mod shard_map;
 pub mod store;
 pub mod transport;
+pub mod validate;
 
 /// Generated code of the internal peer protocol (`proto/fencelock/internal`).
 pub mod internal {

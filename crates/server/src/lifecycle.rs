@@ -180,7 +180,7 @@ pub async fn move_leaderships_away(
             .collect();
         let checks = candidates
             .iter()
-            .map(|n| async move { (*n, serving(router, *n).await) });
+            .map(|n| async move { (*n, serving(router, ops.peer_tls(), *n).await) });
         let serving_nodes: BTreeSet<u64> = crate::ops::join_all(checks)
             .await
             .into_iter()
@@ -236,13 +236,13 @@ pub async fn move_leaderships_away(
 
 /// Whether node `node_id` reports SERVING on its gRPC health service (a
 /// node that is itself draining, or does not answer in time, does not).
-async fn serving(router: &Router, node_id: u64) -> bool {
+async fn serving(router: &Router, tls: &crate::security::PeerTls, node_id: u64) -> bool {
     use tonic_health::pb::health_check_response::ServingStatus as Wire;
     use tonic_health::pb::health_client::HealthClient;
     let Some(addr) = router.node_addr(node_id) else {
         return false;
     };
-    let Ok(endpoint) = tonic::transport::Endpoint::from_shared(format!("http://{addr}")) else {
+    let Ok(endpoint) = tls.endpoint(&addr) else {
         return false;
     };
     let check = async {

@@ -134,12 +134,12 @@ impl Outcome {
             | HoldLimitReached
             | RequestIdReused
             | LeaseIdCollision
-            | WaitCancelled => Outcome::Conflict,
+            | WaitCancelled
+            | TenantQuotaExceeded => Outcome::Conflict,
             WaitTimedOut => Outcome::Timeout,
             NotLeader | LeaderUnknown | NoQuorum | LeaderNotReady | ShuttingDown | ServerBusy
-            | EpochNotMatch | ShardNotFound | TokenSpaceExhausted | DedupTableFull | TableFull => {
-                Outcome::Unavailable
-            }
+            | EpochNotMatch | ShardNotFound | TokenSpaceExhausted | DedupTableFull | TableFull
+            | RateLimited => Outcome::Unavailable,
             OutcomeUnknown => Outcome::Unknown,
             InvalidResource
             | InvalidRequestId
@@ -149,7 +149,8 @@ impl Outcome {
             | BatchTooLarge
             | InvalidAdminRequest
             | NodeNotFound
-            | PlacementConflict => Outcome::Invalid,
+            | PlacementConflict
+            | PermissionDenied => Outcome::Invalid,
             Internal | Unspecified => Outcome::Error,
         }
     }

@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex};
 use fencelock_api::v1::lock_service_server::LockServiceServer;
 use fencelock_raftstore::RocksEngine;
 use tokio::sync::oneshot;
+use tonic::service::interceptor::InterceptedService;
 
 use crate::audit::{AuditLog, AuditStats};
 use crate::config::NodeConfig;
@@ -17,6 +18,8 @@ use crate::metrics::{Metrics, NodeSnapshot};
 use crate::netfilter::NetworkRules;
 use crate::peers::PeerChannels;
 use crate::router::Router;
+use crate::security::rate::TenantRateLimiter;
+use crate::security::{Audience, Gate, PeerTls, TlsMaterial};
 use crate::service::LockServiceImpl;
 use crate::store::{MembershipChange, Observers, ShardStatus, Store, StoreMsg, StoreSender};
 use crate::transport::{RaftService, Transport};
@@ -70,6 +73,8 @@ pub struct NodeView {
     transport: Arc<Transport>,
     life: Arc<Lifecycle>,
     audit: AuditStats,
+    /// Running without TLS (`tls.insecure = true`): the status page warns.
+    pub insecure: bool,
 }
 
 impl NodeView {
@@ -91,6 +96,32 @@ impl NodeView {
             transport_messages_total: self.transport.messages_sent_total(),
             audit_lines_total: self.audit.lines_total(),
             audit_dropped_total: self.audit.dropped_total(),
+        }
+    }
+}
+
+/// Loads the node's TLS material, or warns loudly that there is none.
+fn load_tls(config: &NodeConfig) -> Result<PeerTls, ServerError> {
+    let tls = &config.tls;
+    match (&tls.ca_file, &tls.cert_file, &tls.key_file) {
+        (Some(ca), Some(cert), Some(key)) => {
+            let material = TlsMaterial::load(ca, cert, key)
+                .map_err(|e| ServerError::Security(e.to_string()))?;
+            // Built once here so that a key that does not fit its
+            // certificate stops the start before anything runs.
+            material
+                .rustls_server_config()
+                .map_err(|e| ServerError::Security(e.to_string()))?;
+            Ok(PeerTls::new(Some(Arc::new(material))))
+        }
+        _ => {
+            tracing::warn!(
+                node_id = config.node_id,
+                "INSECURE MODE (tls.insecure = true): no TLS, no authentication, every caller \
+                 may take, release and administer everything. For development only; see \
+                 docs/security.md"
+            );
+            Ok(PeerTls::insecure())
         }
     }
 }
@@ -129,8 +160,9 @@ impl Node {
         rules: Arc<NetworkRules>,
     ) -> Result<Node, ServerError> {
         config.validate().map_err(ServerError::Config)?;
-        std::fs::create_dir_all(&config.data_dir)
-            .map_err(|e| ServerError::Storage(format!("{}: {e}", config.data_dir.display())))?;
+        crate::security::prepare_data_dir(&config.data_dir)
+            .map_err(|e| ServerError::Security(e.to_string()))?;
+        let tls = load_tls(&config)?;
         let engine = Arc::new(
             RocksEngine::open(config.data_dir.join("db"))
                 .map_err(|e| ServerError::Storage(e.to_string()))?,
@@ -157,17 +189,28 @@ impl Node {
         )
         .map_err(|e| ServerError::Storage(format!("cannot open the audit log: {e}")))?;
         let metrics = Arc::new(Metrics::new(config.node_id));
-        let transport = Arc::new(Transport::new(
+        let transport = Arc::new(Transport::with_tls(
             config.node_id,
             config.peer_map(),
             rules,
             config.raft.peer_queue_depth,
             tokio::runtime::Handle::current(),
+            tls.clone(),
         ));
         let (store_tx, store_rx) = crossbeam_channel::bounded(config.raft.store_queue_depth);
         let status = Arc::new(Mutex::new(Vec::new()));
         let router = Arc::new(Router::new(config.peer_map()));
-        let peers = Arc::new(PeerChannels::default());
+        {
+            // Every node a newer map names gets a link, however this node
+            // learned the map (its meta replica, an admin action, a peer).
+            let transport = transport.clone();
+            router.on_new_map(move |map| {
+                for node in map.nodes() {
+                    transport.add_peer(node.node_id, &node.addr);
+                }
+            });
+        }
+        let peers = Arc::new(PeerChannels::new(tls.clone()));
         let default_ttl = config.lock.default_lease_ttl_ms;
         let store = Store::open(
             config.clone(),
@@ -209,7 +252,11 @@ impl Node {
             default_ttl,
             metrics.clone(),
             life.clone(),
-        );
+        )
+        .with_rate_limit(Arc::new(TenantRateLimiter::new(
+            config.edge.tenant_requests_per_sec,
+            config.edge.tenant_burst,
+        )));
         let control = crate::control::NodeControlImpl::new(
             config.node_id,
             store_tx.clone(),
@@ -226,15 +273,47 @@ impl Node {
         // the map from its peers: at start, then every few seconds.
         let map_task = tokio::spawn(refresh_map(ops.clone(), status.clone()));
         let (stop_tx, stop_rx) = oneshot::channel::<()>();
-        let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+        let incoming =
+            crate::security::conn::capped_incoming(listener, config.edge.max_connections);
+        let secure = tls.is_secure();
+        let gate = |audience| Gate::new(secure, audience);
+        let max_message = config.edge.max_message_bytes;
+        let mut builder = tonic::transport::Server::builder()
+            .max_concurrent_streams(Some(config.edge.max_concurrent_streams));
+        if let Some(material) = tls.material() {
+            builder = builder
+                .tls_config(material.server_config())
+                .map_err(|e| ServerError::Security(format!("TLS setup: {e}")))?;
+        }
+        let router_svc = builder
+            .add_service(InterceptedService::new(
+                LockServiceServer::new(lock_service)
+                    .max_decoding_message_size(max_message)
+                    .max_encoding_message_size(max_message),
+                gate(Audience::Clients),
+            ))
+            .add_service(InterceptedService::new(
+                raft_service.into_server(),
+                gate(Audience::Nodes),
+            ))
+            .add_service(InterceptedService::new(
+                control
+                    .into_server()
+                    .max_decoding_message_size(max_message)
+                    .max_encoding_message_size(max_message),
+                gate(Audience::Nodes),
+            ))
+            .add_service(InterceptedService::new(
+                admin
+                    .into_server()
+                    .max_decoding_message_size(max_message)
+                    .max_encoding_message_size(max_message),
+                gate(Audience::Admins),
+            ))
+            .add_service(health_service)
+            .add_service(reflection);
         let server_task = tokio::spawn(async move {
-            let result = tonic::transport::Server::builder()
-                .add_service(LockServiceServer::new(lock_service))
-                .add_service(raft_service.into_server())
-                .add_service(control.into_server())
-                .add_service(admin.into_server())
-                .add_service(health_service)
-                .add_service(reflection)
+            let result = router_svc
                 .serve_with_incoming_shutdown(incoming, async {
                     let _ = stop_rx.await;
                 })
@@ -252,6 +331,7 @@ impl Node {
             transport: transport.clone(),
             life: life.clone(),
             audit: audit.stats(),
+            insecure: !secure,
         });
         let (admin_addr, http_stop, http_task) = match admin_listener {
             Some(listener) => {
@@ -262,6 +342,7 @@ impl Node {
                         view: view.clone(),
                         admin: Arc::new(crate::admin::AdminServiceImpl::new(ops.clone())),
                     },
+                    tls.material().cloned(),
                 )?;
                 (Some(addr), Some(stop), Some(task))
             }

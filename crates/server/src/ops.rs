@@ -107,6 +107,11 @@ impl Ops {
         }
     }
 
+    /// How this node dials other nodes.
+    pub fn peer_tls(&self) -> &crate::security::PeerTls {
+        self.peers.tls()
+    }
+
     fn control(&self, node_id: u64) -> Result<NodeControlClient<Channel>, Status> {
         let addr = self.router.node_addr(node_id).ok_or_else(|| {
             Status::from(ServerError::Placement(

@@ -5,9 +5,10 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 
 use crate::errors::ServerError;
+use crate::security::PeerTls;
 
 /// How long connecting to a peer may take before a call fails.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
@@ -20,15 +21,30 @@ const MAX_CHANNELS: usize = 256;
 #[derive(Default)]
 pub struct PeerChannels {
     channels: Mutex<HashMap<String, Channel>>,
+    /// Mutual TLS with the node's certificate, or none (insecure mode).
+    tls: PeerTls,
 }
 
 impl PeerChannels {
+    pub fn new(tls: PeerTls) -> PeerChannels {
+        PeerChannels {
+            channels: Mutex::new(HashMap::new()),
+            tls,
+        }
+    }
+
+    pub fn tls(&self) -> &PeerTls {
+        &self.tls
+    }
+
     pub fn channel(&self, addr: &str) -> Result<Channel, ServerError> {
         let mut channels = self.channels.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(ch) = channels.get(addr) {
             return Ok(ch.clone());
         }
-        let endpoint = Endpoint::from_shared(format!("http://{addr}"))
+        let endpoint = self
+            .tls
+            .endpoint(addr)
             .map_err(|e| ServerError::Internal(format!("peer address {addr:?}: {e}")))?
             .connect_timeout(CONNECT_TIMEOUT)
             .tcp_nodelay(true);

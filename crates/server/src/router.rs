@@ -28,11 +28,19 @@ struct RouteState {
     seed_addrs: HashMap<u64, String>,
 }
 
+/// Called with every map the router installs.
+type MapListener = Box<dyn Fn(&PlacementMap) + Send + Sync>;
+
 /// Shared between the store loop (which publishes) and the services (which
 /// read). Reads take a read lock for a few field lookups.
 #[derive(Default)]
 pub struct Router {
     state: RwLock<RouteState>,
+    /// Told of every newer map, whoever offered it (the meta replica, an
+    /// admin action's answer, a fetch from a peer): the peer transport
+    /// learns new nodes' addresses here, so no path that updates the map
+    /// can leave the transport without a node the map names.
+    on_new_map: std::sync::OnceLock<MapListener>,
 }
 
 impl Router {
@@ -42,21 +50,35 @@ impl Router {
                 seed_addrs: seed_addrs.into_iter().collect(),
                 ..Default::default()
             }),
+            on_new_map: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Sets the function told of every map installed from now on (once;
+    /// a second call is refused and returns false).
+    pub fn on_new_map(&self, listener: impl Fn(&PlacementMap) + Send + Sync + 'static) -> bool {
+        self.on_new_map.set(Box::new(listener)).is_ok()
     }
 
     /// Installs `map` if it is newer than the one held. Returns whether it
     /// was installed.
     pub fn offer_map(&self, map: PlacementMap) -> bool {
-        let mut st = self.state.write().expect("router lock");
-        if st
-            .map
-            .as_ref()
-            .is_some_and(|m| m.version() >= map.version())
+        let map = Arc::new(map);
         {
-            return false;
+            let mut st = self.state.write().expect("router lock");
+            if st
+                .map
+                .as_ref()
+                .is_some_and(|m| m.version() >= map.version())
+            {
+                return false;
+            }
+            st.map = Some(map.clone());
         }
-        st.map = Some(Arc::new(map));
+        // Outside the lock: the listener may take its own.
+        if let Some(listener) = self.on_new_map.get() {
+            listener(&map);
+        }
         true
     }
 

@@ -25,7 +25,7 @@ use fencelock_api::v1::{
     ReleaseRequest, ReleaseResponse, RenewBatchRequest, RenewBatchResponse, RenewRequest,
     RenewResponse, RenewResult,
 };
-use fencelock_statemachine::limits::{LEASE_ID_LEN, MAX_RENEW_BATCH};
+use fencelock_statemachine::limits::MAX_RENEW_BATCH;
 use fencelock_statemachine::{
     AcquireStatus, Command, LeaseEnd, LeaseId, LockError, RenewItem, Renewed, Reply, RequestId,
     ResourceName,
@@ -39,7 +39,10 @@ use crate::lifecycle::Lifecycle;
 use crate::metrics::{Metrics, Op, Outcome};
 use crate::peers::PeerChannels;
 use crate::router::Router;
+use crate::security::rate::TenantRateLimiter;
+use crate::security::{identity_of, relayed_of, Identity, IDENTITY_HEADER};
 use crate::store::{Caller, Responder, StoreMsg, StoreSender};
+use crate::validate::{lease_id, resource};
 
 /// Metadata key marking a request that must be served where it lands (set
 /// on forwarded requests, and by clients that do their own routing).
@@ -58,6 +61,30 @@ pub const MAX_CALLER_LEN: usize = 64;
 tokio::task_local! {
     /// Who the request being served came from (see [`CALLER_HEADER`]).
     static CALLER: Caller;
+    /// The identity of the request being served (see [`crate::security`])
+    /// and whether another node forwarded it.
+    static IDENTITY: (Identity, bool);
+}
+
+/// The identity of the request this task serves.
+fn current_identity() -> Identity {
+    IDENTITY
+        .try_with(|(i, _)| i.clone())
+        .unwrap_or(Identity::Anonymous)
+}
+
+/// Whether the request this task serves was forwarded by another node.
+fn current_relayed() -> bool {
+    IDENTITY.try_with(|(_, r)| *r).unwrap_or(false)
+}
+
+/// What a caller wants to do with a resource.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Access {
+    /// Acquire (and wait), renew, release.
+    Lock,
+    /// Get.
+    Read,
 }
 
 /// The caller of the request this task serves.
@@ -91,6 +118,8 @@ pub struct LockServiceImpl {
     default_lease_ttl_ms: u64,
     metrics: Arc<Metrics>,
     life: Arc<Lifecycle>,
+    /// Per-tenant request rate on this node (`edge.tenant_requests_per_sec`).
+    rate: Arc<TenantRateLimiter>,
 }
 
 impl LockServiceImpl {
@@ -111,7 +140,49 @@ impl LockServiceImpl {
             default_lease_ttl_ms,
             metrics,
             life,
+            rate: Arc::new(TenantRateLimiter::new(0, 1)),
         }
+    }
+
+    /// Limits each tenant's request rate on this node.
+    pub fn with_rate_limit(mut self, rate: Arc<TenantRateLimiter>) -> Self {
+        self.rate = rate;
+        self
+    }
+
+    /// Refuses a caller that may not touch `resource`'s tenant, before
+    /// anything about the resource is looked up (the refusal reveals
+    /// nothing), then counts the request against the tenant's rate where
+    /// the client called.
+    fn authorize(&self, resource: &ResourceName, access: Access) -> Result<(), ServerError> {
+        let identity = current_identity();
+        let tenant = resource.tenant();
+        let allowed = match access {
+            Access::Lock => identity.may_lock(tenant),
+            Access::Read => identity.may_read(tenant),
+        };
+        if !allowed {
+            return Err(ServerError::PermissionDenied(
+                "the caller's identity may not use this tenant's resources",
+            ));
+        }
+        self.admit(tenant)
+    }
+
+    /// Takes one request from `tenant`'s rate budget on this node (not
+    /// again for a request another node forwarded: it was counted there;
+    /// "forwarded" as the security gate established it, not as the
+    /// client-settable headers say).
+    fn admit(&self, tenant: &str) -> Result<(), ServerError> {
+        if current_relayed() {
+            return Ok(());
+        }
+        self.rate
+            .admit(tenant, crate::store::wall_ms())
+            .map_err(|retry_after_ms| ServerError::RateLimited {
+                limit_per_sec: self.rate.rate_per_sec(),
+                retry_after_ms,
+            })
     }
 
     /// Serves one request: counted in flight (for a graceful drain), timed
@@ -121,10 +192,16 @@ impl LockServiceImpl {
         &self,
         op: Op,
         (caller, relayed): (Caller, bool),
+        identity: (Identity, bool),
         call: impl Future<Output = Result<Response<T>, Status>>,
     ) -> Result<Response<T>, Status> {
         let _in_flight = self.life.enter();
-        let call = CALLER.scope(caller, call);
+        // With TLS the audit trail names who, not just where from.
+        let caller = match &identity.0 {
+            Identity::Anonymous => caller,
+            known => Some(Arc::from(known.uri())),
+        };
+        let call = CALLER.scope(caller, IDENTITY.scope(identity, call));
         if relayed {
             return call.await;
         }
@@ -220,7 +297,7 @@ impl LockServiceImpl {
         };
         match self.forward_target(&err, shard_id) {
             Some(addr) if forwarding => self.forward(addr, remote).await,
-            _ => Err(self.refusal(err, shard_id)),
+            _ => Err(self.refusal(stale_route(err), shard_id)),
         }
     }
 
@@ -277,6 +354,7 @@ impl LockServiceImpl {
             shard_id,
             command: Command::Acquire {
                 resource: resource.clone(),
+                owner: current_identity().owner(),
                 request_id,
                 lease_id: random_lease_id(),
                 lease_ttl_ms,
@@ -335,12 +413,15 @@ impl LockServiceImpl {
             tx,
         })?;
         let read = rx.await.map_err(|_| ServerError::ShuttingDown)??;
-        let now_ms = crate::store::wall_ms();
         Ok(match read.view {
             Some(v) => GetResponse {
-                // A lease past its expiry that no command has retired yet is
-                // reported as not held: it can no longer be renewed.
-                held: v.expires_at_ms > now_ms,
+                // Held until a committed command retires the lease. Not
+                // `expires_at_ms > this node's clock`: a leader whose clock
+                // runs ahead would call a lease ended that the next leader
+                // still extends (LeaderChanged), and a later Get would show
+                // it held again — found by the deterministic simulation
+                // (docs/testing.md).
+                held: true,
                 fencing_token: v.token.as_i64(),
                 expires_at_ms: v.expires_at_ms,
                 queue_length: v.queue_len,
@@ -376,7 +457,9 @@ impl LockServiceImpl {
         let proposed = if self.life.is_refusing() {
             Err(self.draining_refusal(shard_id))
         } else {
-            self.propose(shard_id, Command::RenewBatch { items }).await
+            let owner = current_identity().owner();
+            self.propose(shard_id, Command::RenewBatch { owner, items })
+                .await
         };
         let err = match proposed {
             Ok(Reply::RenewedBatch(each)) => {
@@ -452,22 +535,19 @@ fn forwarded<T>(message: T) -> Request<T> {
     if let Ok(value) = value {
         request.metadata_mut().insert(CALLER_HEADER, value);
     }
+    // The receiving node trusts this only because our certificate is a
+    // node's (crate::security::Gate).
+    let identity = current_identity();
+    if identity != Identity::Anonymous {
+        if let Ok(value) = identity.uri().parse() {
+            request.metadata_mut().insert(IDENTITY_HEADER, value);
+        }
+    }
     request
 }
 
 fn may_forward<T>(request: &Request<T>) -> bool {
     !request.metadata().contains_key(FORWARDED_HEADER)
-}
-
-fn resource(name: &str) -> Result<ResourceName, ServerError> {
-    ResourceName::parse(name).map_err(|e| ServerError::Lock(LockError::InvalidResource(e)))
-}
-
-fn lease_id(bytes: &[u8]) -> Result<LeaseId, ServerError> {
-    LeaseId::from_slice(bytes).ok_or_else(|| ServerError::InvalidArgument {
-        field: "lease_id",
-        reason: format!("must be {LEASE_ID_LEN} bytes, got {}", bytes.len()),
-    })
 }
 
 fn random_lease_id() -> LeaseId {
@@ -489,6 +569,7 @@ impl LockServiceImpl {
         let forwarding = may_forward(&request);
         let req = request.into_inner();
         let resource = resource(&req.resource)?;
+        self.authorize(&resource, Access::Lock)?;
         let request_id = RequestId::new(req.request_id.clone()).map_err(ServerError::Lock)?;
         let lease_ttl_ms = if req.lease_ttl_ms == 0 {
             self.default_lease_ttl_ms
@@ -522,13 +603,16 @@ impl LockServiceImpl {
         let forwarding = may_forward(&request);
         let req = request.into_inner();
         let resource = resource(&req.resource)?;
+        self.authorize(&resource, Access::Lock)?;
         let lease_id = lease_id(&req.lease_id)?;
+        let owner = current_identity().owner();
         self.route(
             forwarding,
             &resource,
             |shard_id| {
                 let command = Command::Renew {
                     resource: resource.clone(),
+                    owner: owner.clone(),
                     lease_id,
                     lease_ttl_ms: req.lease_ttl_ms,
                 };
@@ -560,13 +644,33 @@ impl LockServiceImpl {
             })
             .into());
         }
+        // One request against the rate, whatever its size (the batch size
+        // is bounded above).
+        let identity = current_identity();
+        let batch_tenant = identity.tenant().map(str::to_owned).or_else(|| {
+            let first = items.first().and_then(|i| resource(&i.resource).ok());
+            first.map(|r| r.tenant().to_owned())
+        });
+        if let Some(tenant) = batch_tenant {
+            self.admit(&tenant)?;
+        }
         // Invalid items fail alone; valid ones go to their shard as one
-        // RenewBatch command per shard.
+        // RenewBatch command per shard. An item of another tenant fails
+        // with PERMISSION_DENIED, before its shard is even looked up.
         let mut results: Vec<Option<renew_result::Outcome>> =
             (0..items.len()).map(|_| None).collect();
         let mut per_shard: BTreeMap<u64, Vec<(usize, RenewItem)>> = BTreeMap::new();
         for (i, item) in items.into_iter().enumerate() {
             let parsed = resource(&item.resource)
+                .and_then(|r| {
+                    if identity.may_lock(r.tenant()) {
+                        Ok(r)
+                    } else {
+                        Err(ServerError::PermissionDenied(
+                            "the caller's identity may not use this tenant's resources",
+                        ))
+                    }
+                })
                 .and_then(|r| Ok((self.router.shard_of(&r)?, r, lease_id(&item.lease_id)?)));
             match parsed {
                 Ok((shard_id, resource, lease_id)) => {
@@ -611,13 +715,16 @@ impl LockServiceImpl {
         let forwarding = may_forward(&request);
         let req = request.into_inner();
         let resource = resource(&req.resource)?;
+        self.authorize(&resource, Access::Lock)?;
         let lease_id = lease_id(&req.lease_id)?;
+        let owner = current_identity().owner();
         self.route(
             forwarding,
             &resource,
             |shard_id| {
                 let command = Command::Release {
                     resource: resource.clone(),
+                    owner: owner.clone(),
                     lease_id,
                 };
                 async move {
@@ -642,6 +749,7 @@ impl LockServiceImpl {
         let forwarding = may_forward(&request);
         let req = request.into_inner();
         let resource = resource(&req.resource)?;
+        self.authorize(&resource, Access::Read)?;
         self.route(
             forwarding,
             &resource,
@@ -662,7 +770,8 @@ impl LockService for LockServiceImpl {
         request: Request<AcquireRequest>,
     ) -> Result<Response<AcquireResponse>, Status> {
         let caller = caller_of(&request);
-        self.measured(Op::Acquire, caller, self.serve_acquire(request))
+        let identity = (identity_of(&request), relayed_of(&request));
+        self.measured(Op::Acquire, caller, identity, self.serve_acquire(request))
             .await
     }
 
@@ -671,7 +780,8 @@ impl LockService for LockServiceImpl {
         request: Request<RenewRequest>,
     ) -> Result<Response<RenewResponse>, Status> {
         let caller = caller_of(&request);
-        self.measured(Op::Renew, caller, self.serve_renew(request))
+        let identity = (identity_of(&request), relayed_of(&request));
+        self.measured(Op::Renew, caller, identity, self.serve_renew(request))
             .await
     }
 
@@ -681,8 +791,14 @@ impl LockService for LockServiceImpl {
     ) -> Result<Response<RenewBatchResponse>, Status> {
         let caller = caller_of(&request);
         let relayed = caller.1;
+        let identity = (identity_of(&request), relayed_of(&request));
         let result = self
-            .measured(Op::RenewBatch, caller, self.serve_renew_batch(request))
+            .measured(
+                Op::RenewBatch,
+                caller,
+                identity,
+                self.serve_renew_batch(request),
+            )
             .await;
         if let (Ok(response), false) = (&result, relayed) {
             for r in &response.get_ref().results {
@@ -701,13 +817,30 @@ impl LockService for LockServiceImpl {
         request: Request<ReleaseRequest>,
     ) -> Result<Response<ReleaseResponse>, Status> {
         let caller = caller_of(&request);
-        self.measured(Op::Release, caller, self.serve_release(request))
+        let identity = (identity_of(&request), relayed_of(&request));
+        self.measured(Op::Release, caller, identity, self.serve_release(request))
             .await
     }
 
     async fn get(&self, request: Request<GetRequest>) -> Result<Response<GetResponse>, Status> {
         let caller = caller_of(&request);
-        self.measured(Op::Get, caller, self.serve_get(request))
+        let identity = (identity_of(&request), relayed_of(&request));
+        self.measured(Op::Get, caller, identity, self.serve_get(request))
             .await
+    }
+}
+
+/// A lock request routed here by the placement map to a shard this node has
+/// no replica of: the map (this node's or the client's) is behind a replica
+/// move or a slot migration. That is a stale route, retried after a backoff
+/// with a fresher map, not a shard that does not exist — SHARD_NOT_FOUND
+/// (retry NEVER) would make a client give up in the middle of a migration.
+fn stale_route(err: ServerError) -> ServerError {
+    match err {
+        ServerError::ShardNotHere { shard_id } => ServerError::Routing(format!(
+            "this node has no replica of shard {shard_id}: the shard moved or the \
+             placement map is behind; retry with a fresher route"
+        )),
+        other => other,
     }
 }

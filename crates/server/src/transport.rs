@@ -152,6 +152,9 @@ pub struct Transport {
     /// The peer tasks, aborted on shutdown.
     tasks: Mutex<Vec<JoinHandle<()>>>,
     shared: Arc<Shared>,
+    /// How peers are dialed: mutual TLS with the node's certificate, or
+    /// plaintext in insecure mode.
+    tls: crate::security::PeerTls,
 }
 
 impl fmt::Debug for Transport {
@@ -188,6 +191,25 @@ impl Transport {
         queue_depth: usize,
         runtime: Handle,
     ) -> Transport {
+        Self::with_tls(
+            self_id,
+            peers,
+            rules,
+            queue_depth,
+            runtime,
+            crate::security::PeerTls::insecure(),
+        )
+    }
+
+    /// [`Transport::new`] dialing peers with `tls`.
+    pub fn with_tls(
+        self_id: u64,
+        peers: BTreeMap<u64, String>,
+        rules: Arc<NetworkRules>,
+        queue_depth: usize,
+        runtime: Handle,
+        tls: crate::security::PeerTls,
+    ) -> Transport {
         assert!(queue_depth > 0, "peer queue depth must be positive");
         let transport = Transport {
             self_id,
@@ -197,6 +219,7 @@ impl Transport {
             queue_depth,
             tasks: Mutex::new(Vec::new()),
             shared: Arc::new(Shared::default()),
+            tls,
         };
         for (peer_id, address) in peers {
             transport.add_peer(peer_id, &address);
@@ -215,7 +238,7 @@ impl Transport {
         if queues.contains_key(&peer_id) {
             return;
         }
-        let endpoint = match peer_endpoint(address) {
+        let endpoint = match peer_endpoint(&self.tls, address) {
             Ok(endpoint) => endpoint,
             Err(error) => {
                 tracing::error!(
@@ -344,8 +367,12 @@ impl Drop for Transport {
 }
 
 /// The gRPC endpoint for a peer at `host:port`.
-fn peer_endpoint(address: &str) -> Result<Endpoint, tonic::transport::Error> {
-    Ok(Endpoint::from_shared(format!("http://{address}"))?
+fn peer_endpoint(
+    tls: &crate::security::PeerTls,
+    address: &str,
+) -> Result<Endpoint, tonic::transport::Error> {
+    Ok(tls
+        .endpoint(address)?
         .connect_timeout(CONNECT_TIMEOUT)
         // Raft heartbeats and votes are tiny and latency-bound: never let
         // Nagle hold them back.

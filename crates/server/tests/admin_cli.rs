@@ -143,7 +143,7 @@ fn operator_reshapes_a_running_cluster_with_the_admin_cli() {
     std::fs::write(
         &config4,
         format!(
-            "node_id = 4\nlisten_addr = \"{addr4}\"\ndata_dir = \"node4\"\njoin = true\npeers = [\n{peers}]\n"
+            "node_id = 4\nlisten_addr = \"{addr4}\"\ndata_dir = \"node4\"\njoin = true\npeers = [\n{peers}]\n\n[tls]\ninsecure = true\n"
         ),
     )
     .unwrap();
@@ -157,6 +157,13 @@ fn operator_reshapes_a_running_cluster_with_the_admin_cli() {
             .spawn()
             .unwrap(),
     );
+    // Node 4 listens before it is added: a peer channel that met a refused
+    // connection reports it once more on its next call.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while std::net::TcpStream::connect(&addr4).is_err() {
+        assert!(Instant::now() < deadline, "node 4 did not start");
+        std::thread::sleep(Duration::from_millis(50));
+    }
     admin(&endpoint, &["add-node", "--id", "4", "--addr", &addr4]);
     admin(
         &endpoint,

@@ -17,6 +17,7 @@ peers = [
   { id = 2, addr = "127.0.0.1:7002" },
   { id = 3, addr = "127.0.0.1:7003" },
 ]
+tls = { insecure = true }
 "#;
 
 /// `MINIMAL` plus `extra` TOML (top-level keys, or one section: `peers` is
@@ -114,6 +115,7 @@ max_retired_per_tick = 128
             max_hold_ms: 3_600_000,
             max_waiters_per_resource: 16,
             max_waiters_per_tenant: 100,
+            max_held_per_tenant: 100_000,
             dedup_retention_ms: 60_000,
             max_dedup_entries: 1_000,
             max_records: 2_000,
@@ -408,6 +410,7 @@ node_id = 1
 listen_addr = "127.0.0.1:7001"
 data_dir = "/tmp/x"
 peers = [{ id = 1, addr = "127.0.0.1:7001" }]
+tls = { insecure = true }
 "#;
     NodeConfig::from_toml_str(one).unwrap();
 }
@@ -544,4 +547,76 @@ fn deploy_dev_examples_are_valid() {
     // node1.toml spells out every default, so it documents them truly.
     assert_eq!(first.raft, RaftConfig::default());
     assert_eq!(first.lock, LockConfig::default());
+}
+
+/// The smallest file without any `[tls]` section: what an operator who has
+/// not thought about security writes.
+const NO_TLS: &str = r#"
+node_id = 1
+listen_addr = "127.0.0.1:7001"
+data_dir = "/tmp/fencelock-test/node1"
+peers = [{ id = 1, addr = "127.0.0.1:7001" }]
+"#;
+
+#[test]
+fn a_config_without_tls_or_insecure_is_refused_naming_the_key() {
+    let err = invalid(NO_TLS);
+    assert_eq!(err.key(), Some("tls"));
+    let text = err.to_string();
+    assert!(
+        text.contains("tls.ca_file") && text.contains("tls.insecure = true"),
+        "{text}"
+    );
+}
+
+#[test]
+fn partial_tls_is_refused_naming_the_missing_file() {
+    let err = invalid(&format!(
+        "{NO_TLS}\n[tls]\nca_file = \"ca.crt\"\ncert_file = \"node.crt\"\n"
+    ));
+    assert_eq!(err.key(), Some("tls.key_file"));
+}
+
+#[test]
+fn insecure_and_tls_files_together_are_refused() {
+    let err = invalid(&format!(
+        "{NO_TLS}\n[tls]\ninsecure = true\nca_file = \"ca.crt\"\n"
+    ));
+    assert_eq!(err.key(), Some("tls.insecure"));
+}
+
+#[test]
+fn tls_files_are_relative_to_the_config_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("node1.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "{NO_TLS}\n[tls]\nca_file = \"tls/ca.crt\"\ncert_file = \"tls/node-1.crt\"\nkey_file = \"/abs/node-1.key\"\n"
+        ),
+    )
+    .unwrap();
+    let config = NodeConfig::load(&path).unwrap();
+    assert_eq!(config.tls.ca_file, Some(dir.path().join("tls/ca.crt")));
+    assert_eq!(
+        config.tls.cert_file,
+        Some(dir.path().join("tls/node-1.crt"))
+    );
+    assert_eq!(config.tls.key_file, Some(PathBuf::from("/abs/node-1.key")));
+}
+
+#[test]
+fn edge_limits_are_range_checked_by_name() {
+    for (extra, key) in [
+        ("max_message_bytes = 1024", "edge.max_message_bytes"),
+        ("max_message_bytes = 1073741824", "edge.max_message_bytes"),
+        ("max_concurrent_streams = 0", "edge.max_concurrent_streams"),
+        ("max_connections = 1", "edge.max_connections"),
+        ("tenant_burst = 0", "edge.tenant_burst"),
+    ] {
+        let err = invalid(&with(&format!("[edge]\n{extra}")));
+        assert_eq!(err.key(), Some(key), "{extra}");
+    }
+    let err = invalid(&with("[lock]\nmax_held_per_tenant = 0"));
+    assert_eq!(err.key(), Some("lock.max_held_per_tenant"));
 }

@@ -16,6 +16,11 @@ data_dir = "/tmp/fencelock-doc-test"
 peers = [{ id = 1, addr = "127.0.0.1:7001" }]
 "#;
 
+/// What makes [`MINIMAL`] start: a node needs TLS files or an explicit
+/// insecure mode. Kept apart so that the defaults read from `MINIMAL` are
+/// the real ones.
+const DEV_TLS: &str = "tls = { insecure = true }\n";
+
 fn docs() -> String {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../docs/configuration.md");
     std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
@@ -56,9 +61,14 @@ fn documented() -> BTreeMap<String, String> {
 
 #[test]
 fn every_config_key_is_documented_with_its_default() {
-    let defaults = NodeConfig::from_toml_str(MINIMAL).unwrap();
+    // Parsed without validation: the real defaults (a node would refuse to
+    // start on them until [tls] is configured).
+    let defaults: NodeConfig = toml::from_str(MINIMAL).unwrap();
     // Every optional key set, so that the serialized form lists all keys.
     let mut all = defaults.clone();
+    all.tls.ca_file = Some("/etc/fencelock/ca.crt".into());
+    all.tls.cert_file = Some("/etc/fencelock/node.crt".into());
+    all.tls.key_file = Some("/etc/fencelock/node.key".into());
     all.advertise_addr = Some("127.0.0.1:7001".into());
     all.admin_listen_addr = Some("127.0.0.1:9101".into());
     all.audit.path = Some("/tmp/audit.log".into());
@@ -94,7 +104,7 @@ fn every_config_key_is_documented_with_its_default() {
 
 #[test]
 fn override_names_cover_exactly_the_config_file_keys() {
-    let mut all = NodeConfig::from_toml_str(MINIMAL).unwrap();
+    let mut all = NodeConfig::from_toml_str(&format!("{MINIMAL}{DEV_TLS}")).unwrap();
     all.advertise_addr = Some("127.0.0.1:7001".into());
     all.admin_listen_addr = Some("127.0.0.1:9101".into());
     let value = toml::Value::try_from(&all).unwrap();
@@ -124,7 +134,11 @@ fn config_check(
     args: &[&str],
 ) -> (bool, String, String) {
     let path = dir.join("node.toml");
-    std::fs::write(&path, MINIMAL.replace("/tmp/fencelock-doc-test", "data")).unwrap();
+    std::fs::write(
+        &path,
+        format!("{MINIMAL}{DEV_TLS}").replace("/tmp/fencelock-doc-test", "data"),
+    )
+    .unwrap();
     let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_fencelock"));
     cmd.args(["config", "check"]).arg(&path).args(args);
     for (k, v) in env {

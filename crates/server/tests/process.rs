@@ -36,7 +36,7 @@ fn write_config(dir: &Path, id: u64, ports: &[u16]) -> std::path::PathBuf {
         .map(|(i, p)| format!("{{ id = {}, addr = \"127.0.0.1:{p}\" }}", i + 1))
         .collect();
     let text = format!(
-        "node_id = {id}\nlisten_addr = \"127.0.0.1:{}\"\ndata_dir = \"{}\"\npeers = [{}]\nshard_count = 4\n\n[raft]\ntick_interval_ms = 50\nelection_ticks = 10\nproposal_timeout_ms = 2000\n",
+        "node_id = {id}\nlisten_addr = \"127.0.0.1:{}\"\ndata_dir = \"{}\"\npeers = [{}]\nshard_count = 4\n\n[raft]\ntick_interval_ms = 50\nelection_ticks = 10\nproposal_timeout_ms = 2000\n\n[tls]\ninsecure = true\n",
         ports[id as usize - 1],
         dir.join(format!("data{id}")).display(),
         peers.join(", ")

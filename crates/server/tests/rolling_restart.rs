@@ -53,7 +53,7 @@ fn write_config(dir: &Path, id: u64, ports: &[u16]) {
         "node_id = {id}\nlisten_addr = \"127.0.0.1:{}\"\ndata_dir = \"data{id}\"\n\
          peers = [{}]\nshard_count = 4\n\n\
          [raft]\ntick_interval_ms = 50\nelection_ticks = 10\nproposal_timeout_ms = 2000\n\n\
-         [shutdown]\ndrain_timeout_ms = 10000\n",
+         [shutdown]\ndrain_timeout_ms = 10000\n\n[tls]\ninsecure = true\n",
         ports[id as usize - 1],
         peers.join(", ")
     );

@@ -32,7 +32,7 @@ async fn a_node_logs_json_reopens_its_audit_file_on_sighup_and_exits_cleanly_on_
         format!(
             "node_id = 1\nlisten_addr = \"127.0.0.1:{port}\"\ndata_dir = \"data\"\n\
              peers = [{{ id = 1, addr = \"127.0.0.1:{port}\" }}]\n\
-             shard_count = 2\nreplication_factor = 1\n\n[audit]\ntarget = \"file\"\npath = \"audit.log\"\n"
+             shard_count = 2\nreplication_factor = 1\n\n[audit]\ntarget = \"file\"\npath = \"audit.log\"\n\n[tls]\ninsecure = true\n"
         ),
     )
     .unwrap();

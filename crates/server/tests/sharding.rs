@@ -278,6 +278,7 @@ async fn stale_route_after_a_migration_is_refused_then_served_by_the_new_owner_o
         .propose_to_shard(
             from,
             Command::Acquire {
+                owner: fencelock_statemachine::Owner::anonymous(),
                 resource: res(r),
                 request_id: RequestId::new(b"y".to_vec()).unwrap(),
                 lease_id: LeaseId([9; 16]),
@@ -447,6 +448,24 @@ async fn locks_stay_safe_while_slots_replicas_and_leaders_move() {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    // A self-routing client whose map still names drained node 2 is told to
+    // retry with a fresher route, not that the shard does not exist
+    // (SHARD_NOT_FOUND is retry NEVER: a client would give up mid-drain).
+    let mut request = tonic::Request::new(acquire_req("acme/after-drain", "ad-1", 60_000, 0));
+    request.metadata_mut().insert(
+        fencelock_server::service::FORWARDED_HEADER,
+        tonic::metadata::MetadataValue::from_static("1"),
+    );
+    let refused = cluster
+        .client(2)
+        .await
+        .acquire(request)
+        .await
+        .expect_err("node 2 has no replica left");
+    let detail = ErrorDetail::from_status(&refused).expect("typed refusal");
+    assert_eq!(detail.reason(), Reason::EpochNotMatch, "{refused:?}");
+    assert!(is_retriable(&detail), "{detail:?}");
+    assert!(detail.map_version > 0, "{detail:?}");
     admin.balance(BalanceRequest {}).await.expect("balance");
 
     tokio::time::sleep(Duration::from_millis(500)).await;

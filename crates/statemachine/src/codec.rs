@@ -8,7 +8,7 @@
 
 use std::collections::VecDeque;
 
-use crate::limits::Limits;
+use crate::limits::{Limits, MAX_CLOCK_MS, MAX_STORED_MS};
 use crate::machine::{
     DedupEntry, DedupKey, DedupState, Holder, LockTable, PendingExport, Record, Waiter,
 };
@@ -18,13 +18,19 @@ use crate::token::FencingToken;
 use crate::types::*;
 
 const SNAPSHOT_MAGIC: &[u8; 4] = b"FLSM";
-const SNAPSHOT_VERSION: u16 = 2;
+// Version 3: lease owners (holders, waiters, dedup keys) and the
+// `max_held_per_tenant` limit. Older versions are refused, not upgraded
+// (like every earlier bump): a node is upgraded with an empty data dir or
+// after its shards were snapshotted by the new version elsewhere.
+const SNAPSHOT_VERSION: u16 = 3;
 const EXPORT_MAGIC: &[u8; 4] = b"FLMX";
-const EXPORT_VERSION: u16 = 1;
-const RECORD_MIN_BYTES: usize = 4 + 16 + 4 + 40 + 4;
-const DEDUP_MIN_BYTES: usize = 4 + 4 + 16 + 8 + 1;
+// Version 2: lease owners.
+const EXPORT_VERSION: u16 = 2;
+const RECORD_MIN_BYTES: usize = 4 + 4 + 16 + 4 + 40 + 4;
+const DEDUP_MIN_BYTES: usize = 4 + 4 + 4 + 16 + 8 + 1;
 const SLOT_WORDS_BYTES: usize = 8 * (SLOT_COUNT as usize / 64);
-const COMMAND_VERSION: u8 = 1;
+// Version 2: Acquire, Renew, RenewBatch and Release carry the owner.
+const COMMAND_VERSION: u8 = 2;
 
 /// Why bytes could not be decoded.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -71,6 +77,9 @@ impl Writer {
     fn name(&mut self, v: &ResourceName) {
         self.bytes(v.as_str().as_bytes());
     }
+    fn owner(&mut self, v: &Owner) {
+        self.bytes(v.as_str().as_bytes());
+    }
     fn lease(&mut self, v: &LeaseId) {
         self.0.extend_from_slice(&v.0);
     }
@@ -110,6 +119,12 @@ impl<'a> Reader<'a> {
             std::str::from_utf8(raw).map_err(|_| DecodeError::Invalid("name not utf-8".into()))?;
         ResourceName::parse(s).map_err(|e| DecodeError::Invalid(format!("resource {s:?}: {e}")))
     }
+    fn owner(&mut self) -> Result<Owner, DecodeError> {
+        let raw = self.bytes()?;
+        let s =
+            std::str::from_utf8(raw).map_err(|_| DecodeError::Invalid("owner not utf-8".into()))?;
+        Owner::new(s).map_err(|e| DecodeError::Invalid(e.to_string()))
+    }
     fn request_id(&mut self) -> Result<RequestId, DecodeError> {
         RequestId::new(self.bytes()?).map_err(|e| DecodeError::Invalid(e.to_string()))
     }
@@ -119,6 +134,16 @@ impl<'a> Reader<'a> {
     /// A count of items that each take at least `min_item_bytes`: refuses
     /// counts the remaining input cannot hold, so corrupt input cannot make
     /// us allocate without bound.
+    /// A stored time or duration (`_ms` field of a snapshot or export),
+    /// at most `max`: larger values could overflow the time arithmetic of
+    /// apply.
+    fn ms(&mut self, max: u64) -> Result<u64, DecodeError> {
+        let v = self.u64()?;
+        if v > max {
+            return Err(DecodeError::Invalid(format!("time {v} ms out of range")));
+        }
+        Ok(v)
+    }
     fn count(&mut self, min_item_bytes: usize) -> Result<usize, DecodeError> {
         let n = self.u32()? as usize;
         if n.saturating_mul(min_item_bytes) > self.0.len() {
@@ -163,6 +188,7 @@ impl Command {
         match self {
             Command::Acquire {
                 resource,
+                owner,
                 request_id,
                 lease_id,
                 lease_ttl_ms,
@@ -170,6 +196,7 @@ impl Command {
             } => {
                 w.u8(CMD_ACQUIRE);
                 w.name(resource);
+                w.owner(owner);
                 w.bytes(request_id.as_bytes());
                 w.lease(lease_id);
                 w.u64(*lease_ttl_ms);
@@ -177,16 +204,19 @@ impl Command {
             }
             Command::Renew {
                 resource,
+                owner,
                 lease_id,
                 lease_ttl_ms,
             } => {
                 w.u8(CMD_RENEW);
                 w.name(resource);
+                w.owner(owner);
                 w.lease(lease_id);
                 w.u64(*lease_ttl_ms);
             }
-            Command::RenewBatch { items } => {
+            Command::RenewBatch { owner, items } => {
                 w.u8(CMD_RENEW_BATCH);
+                w.owner(owner);
                 w.u32(items.len() as u32);
                 for item in items {
                     w.name(&item.resource);
@@ -194,9 +224,14 @@ impl Command {
                     w.u64(item.lease_ttl_ms);
                 }
             }
-            Command::Release { resource, lease_id } => {
+            Command::Release {
+                resource,
+                owner,
+                lease_id,
+            } => {
                 w.u8(CMD_RELEASE);
                 w.name(resource);
+                w.owner(owner);
                 w.lease(lease_id);
             }
             Command::Cancel { resource, lease_id } => {
@@ -255,6 +290,7 @@ impl Command {
         let command = match r.u8()? {
             CMD_ACQUIRE => Command::Acquire {
                 resource: r.name()?,
+                owner: r.owner()?,
                 request_id: r.request_id()?,
                 lease_id: r.lease()?,
                 lease_ttl_ms: r.u64()?,
@@ -262,10 +298,12 @@ impl Command {
             },
             CMD_RENEW => Command::Renew {
                 resource: r.name()?,
+                owner: r.owner()?,
                 lease_id: r.lease()?,
                 lease_ttl_ms: r.u64()?,
             },
             CMD_RENEW_BATCH => {
+                let owner = r.owner()?;
                 let n = r.count(4 + 16 + 8)?;
                 let mut items = Vec::with_capacity(n);
                 for _ in 0..n {
@@ -275,10 +313,11 @@ impl Command {
                         lease_ttl_ms: r.u64()?,
                     });
                 }
-                Command::RenewBatch { items }
+                Command::RenewBatch { owner, items }
             }
             CMD_RELEASE => Command::Release {
                 resource: r.name()?,
+                owner: r.owner()?,
                 lease_id: r.lease()?,
             },
             CMD_CANCEL => Command::Cancel {
@@ -368,6 +407,7 @@ fn write_limits(w: &mut Writer, l: &Limits) {
     w.u64(l.max_hold_ms);
     w.u32(l.max_waiters_per_resource);
     w.u32(l.max_waiters_per_tenant);
+    w.u32(l.max_held_per_tenant);
     w.u64(l.dedup_retention_ms);
     w.u32(l.max_dedup_entries);
     w.u32(l.max_records);
@@ -382,6 +422,7 @@ fn read_limits(r: &mut Reader) -> Result<Limits, DecodeError> {
         max_hold_ms: r.u64()?,
         max_waiters_per_resource: r.u32()?,
         max_waiters_per_tenant: r.u32()?,
+        max_held_per_tenant: r.u32()?,
         dedup_retention_ms: r.u64()?,
         max_dedup_entries: r.u32()?,
         max_records: r.u32()?,
@@ -450,10 +491,18 @@ impl LockTable {
         table.max_token = FencingToken::from_u64(r.u64()?);
         table.leader_term = r.u64()?;
         table.applied_index = r.u64()?;
-        table.clock_ms = r.u64()?;
+        table.clock_ms = r.ms(MAX_CLOCK_MS)?;
         let records = r.count(RECORD_MIN_BYTES)?;
         for _ in 0..records {
             let (name, record) = read_record(&mut r)?;
+            // Key order, as `snapshot` writes them: one table, one encoding.
+            if table
+                .records
+                .last_key_value()
+                .is_some_and(|(last, _)| *last >= name)
+            {
+                return Err(DecodeError::Invalid("resources out of order".into()));
+            }
             if !table.insert_record_indexed(name, record) {
                 return Err(DecodeError::Invalid("resource listed twice".into()));
             }
@@ -461,6 +510,13 @@ impl LockTable {
         let entries = r.count(DEDUP_MIN_BYTES)?;
         for _ in 0..entries {
             let (key, entry) = read_dedup(&mut r)?;
+            if table
+                .dedup
+                .last_key_value()
+                .is_some_and(|(last, _)| *last >= key)
+            {
+                return Err(DecodeError::Invalid("dedup entries out of order".into()));
+            }
             if !table.insert_dedup_indexed(key, entry) {
                 return Err(DecodeError::Invalid("dedup entry listed twice".into()));
             }
@@ -470,6 +526,13 @@ impl LockTable {
         let exports = r.count(8 + SLOT_WORDS_BYTES + 4 + 4)?;
         for _ in 0..exports {
             let id = r.u64()?;
+            if table
+                .exports
+                .last_key_value()
+                .is_some_and(|(last, _)| *last >= id)
+            {
+                return Err(DecodeError::Invalid("exports out of order".into()));
+            }
             let slots = read_slots(&mut r)?;
             let resources = r.u32()?;
             let data = r.bytes()?.to_vec();
@@ -494,6 +557,7 @@ fn write_record(w: &mut Writer, name: &ResourceName, record: &Record) {
     let h = &record.holder;
     w.name(name);
     w.lease(&h.lease_id);
+    w.owner(&h.owner);
     w.bytes(h.request_id.as_bytes());
     w.u64(h.token.as_u64());
     w.u64(h.granted_at_ms);
@@ -503,6 +567,7 @@ fn write_record(w: &mut Writer, name: &ResourceName, record: &Record) {
     w.u32(record.waiters.len() as u32);
     for waiter in &record.waiters {
         w.lease(&waiter.lease_id);
+        w.owner(&waiter.owner);
         w.bytes(waiter.request_id.as_bytes());
         w.u64(waiter.lease_ttl_ms);
         w.u64(waiter.enqueued_at_ms);
@@ -514,22 +579,24 @@ fn read_record(r: &mut Reader) -> Result<(ResourceName, Record), DecodeError> {
     let name = r.name()?;
     let holder = Holder {
         lease_id: r.lease()?,
+        owner: r.owner()?,
         request_id: r.request_id()?,
         token: FencingToken::from_u64(r.u64()?),
-        granted_at_ms: r.u64()?,
-        lease_ttl_ms: r.u64()?,
-        stamped_expires_at_ms: r.u64()?,
-        expires_at_ms: r.u64()?,
+        granted_at_ms: r.ms(MAX_STORED_MS)?,
+        lease_ttl_ms: r.ms(MAX_STORED_MS)?,
+        stamped_expires_at_ms: r.ms(MAX_STORED_MS)?,
+        expires_at_ms: r.ms(MAX_STORED_MS)?,
     };
-    let n = r.count(16 + 4 + 24)?;
+    let n = r.count(16 + 4 + 4 + 24)?;
     let mut waiters = VecDeque::with_capacity(n);
     for _ in 0..n {
         waiters.push_back(Waiter {
             lease_id: r.lease()?,
+            owner: r.owner()?,
             request_id: r.request_id()?,
-            lease_ttl_ms: r.u64()?,
-            enqueued_at_ms: r.u64()?,
-            wait_deadline_ms: r.u64()?,
+            lease_ttl_ms: r.ms(MAX_STORED_MS)?,
+            enqueued_at_ms: r.ms(MAX_STORED_MS)?,
+            wait_deadline_ms: r.ms(MAX_STORED_MS)?,
         });
     }
     Ok((name, Record { holder, waiters }))
@@ -537,6 +604,7 @@ fn read_record(r: &mut Reader) -> Result<(ResourceName, Record), DecodeError> {
 
 fn write_dedup(w: &mut Writer, key: &DedupKey, entry: &DedupEntry) {
     w.name(&key.resource);
+    w.owner(&key.owner);
     w.bytes(key.request_id.as_bytes());
     w.lease(&entry.lease_id);
     w.u64(entry.lease_ttl_ms);
@@ -570,10 +638,11 @@ fn write_dedup(w: &mut Writer, key: &DedupKey, entry: &DedupEntry) {
 fn read_dedup(r: &mut Reader) -> Result<(DedupKey, DedupEntry), DecodeError> {
     let key = DedupKey {
         resource: r.name()?,
+        owner: r.owner()?,
         request_id: r.request_id()?,
     };
     let lease_id = r.lease()?;
-    let lease_ttl_ms = r.u64()?;
+    let lease_ttl_ms = r.ms(MAX_STORED_MS)?;
     let state = match r.u8()? {
         1 => DedupState::Waiting,
         2 => DedupState::Held {
@@ -582,11 +651,11 @@ fn read_dedup(r: &mut Reader) -> Result<(DedupKey, DedupEntry), DecodeError> {
         3 => DedupState::Ended {
             token: FencingToken::from_u64(r.u64()?),
             ended: lease_end_from(r.u8()?)?,
-            forget_at_ms: r.u64()?,
+            forget_at_ms: r.ms(MAX_STORED_MS)?,
         },
         4 => DedupState::WaitEnded {
             ended: wait_end_from(r.u8()?)?,
-            forget_at_ms: r.u64()?,
+            forget_at_ms: r.ms(MAX_STORED_MS)?,
         },
         tag => {
             return Err(DecodeError::BadTag {

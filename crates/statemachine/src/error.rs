@@ -84,6 +84,16 @@ pub enum LockError {
     /// A migration cannot proceed as asked (too large, too many exports
     /// outstanding, slots not owned by this shard).
     MigrationRefused { reason: String },
+    /// The lease (holding or wait) named by the lease id was acquired by
+    /// another identity: only its owner may renew or release it. Says
+    /// nothing else about the resource.
+    PermissionDenied,
+    /// The tenant already holds the maximum number of locks in this shard.
+    TenantQuotaExceeded { limit: u32 },
+    /// The owner identity in a command is too long or has bytes outside
+    /// printable ASCII (a server bug: the server derives it from the
+    /// caller's certificate).
+    InvalidOwner { len: usize, max: usize },
 }
 
 impl LockError {
@@ -100,12 +110,15 @@ impl LockError {
             | LeaseNotHeld
             | HoldLimitReached { .. }
             | InvalidCommand { .. }
-            | MigrationRefused { .. } => Retry::Never,
+            | MigrationRefused { .. }
+            | PermissionDenied
+            | InvalidOwner { .. } => Retry::Never,
             LockHeld { .. }
             | QueueFull { .. }
             | TenantWaitersExceeded { .. }
             | DedupTableFull { .. }
             | TableFull { .. }
+            | TenantQuotaExceeded { .. }
             | TokenSpaceExhausted { .. } => Retry::Backoff,
             LeaseIdCollision | LeaderNotReady { .. } | StaleEpoch { .. } => Retry::Immediately,
             // The map catches up within a migration step: back off, refresh.
@@ -137,6 +150,9 @@ impl LockError {
             InvalidCommand { .. } => "invalid_command",
             WrongShard { .. } => "wrong_shard",
             MigrationRefused { .. } => "migration_refused",
+            PermissionDenied => "permission_denied",
+            TenantQuotaExceeded { .. } => "tenant_quota_exceeded",
+            InvalidOwner { .. } => "invalid_owner",
         }
     }
 }
@@ -216,6 +232,14 @@ impl std::fmt::Display for LockError {
                 "slot {slot} is not served by this shard (epoch {epoch}); the request was routed by a stale map"
             ),
             MigrationRefused { reason } => write!(f, "migration refused: {reason}"),
+            PermissionDenied => write!(f, "permission denied"),
+            TenantQuotaExceeded { limit } => {
+                write!(f, "tenant already holds {limit} locks in this shard")
+            }
+            InvalidOwner { len, max } => write!(
+                f,
+                "owner identity must be at most {max} bytes of printable ASCII, got {len} bytes"
+            ),
         }
     }
 }

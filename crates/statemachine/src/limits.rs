@@ -13,11 +13,24 @@ pub const MAX_TENANT_LEN: usize = 63;
 pub const MAX_REQUEST_ID_LEN: usize = 64;
 /// Length of a lease id: 128 random bits chosen by the proposer.
 pub const LEASE_ID_LEN: usize = 16;
+/// Maximum length of a lease owner's identity (a SPIFFE-style URI from the
+/// caller's certificate), in bytes.
+pub const MAX_OWNER_LEN: usize = 255;
 /// Maximum number of leases one batch renew may carry.
 pub const MAX_RENEW_BATCH: usize = 1024;
 /// Largest clock-offset allowance a `LeaderChanged` command may carry (1 min).
 /// Anything larger is a misconfiguration, not a clock assumption.
 pub const MAX_CLOCK_OFFSET_ALLOWANCE_MS: u64 = 60_000;
+/// Latest leader time stamp apply accepts, in ms since the Unix epoch
+/// (2^48 ms: past the year 10000). Entries stamped later are refused, so
+/// the machine's clock stays far from `u64` overflow when a TTL, wait, hold
+/// or retention (all bounded by [`Limits::validate`]) is added to it.
+pub const MAX_CLOCK_MS: u64 = 1 << 48;
+/// Largest time or duration a snapshot or migration export may carry in
+/// any `_ms` field; decoding refuses larger ones. Every stored time is the
+/// clock plus at most a few bounded limits, far below this; and a sum of
+/// such values cannot overflow `u64`.
+pub const MAX_STORED_MS: u64 = 1 << 50;
 /// Largest export one migration may carry. It travels as one Raft entry on
 /// both shards and one gRPC message, so it stays well under the transport's
 /// message limit; an operator moves fewer slots at a time instead.
@@ -42,6 +55,10 @@ pub struct Limits {
     pub max_waiters_per_resource: u32,
     /// Waiters queued by one tenant across the shard.
     pub max_waiters_per_tenant: u32,
+    /// Locks held by one tenant across the shard (a per-shard quota: the
+    /// state machine only sees its own shard, which keeps the check
+    /// deterministic on every replica).
+    pub max_held_per_tenant: u32,
     /// How long a finished acquire's outcome is kept for retries by
     /// `requestId`, counted from when the lease or wait ended.
     pub dedup_retention_ms: u64,
@@ -63,6 +80,7 @@ impl Default for Limits {
             max_hold_ms: 24 * 3_600_000,
             max_waiters_per_resource: 1_024,
             max_waiters_per_tenant: 10_000,
+            max_held_per_tenant: 100_000,
             dedup_retention_ms: 300_000,
             max_dedup_entries: 1_000_000,
             max_records: 1_000_000,
@@ -115,6 +133,9 @@ impl Limits {
         }
         if self.max_waiters_per_tenant == 0 {
             return bad("max_waiters_per_tenant", "must be at least 1");
+        }
+        if self.max_held_per_tenant == 0 {
+            return bad("max_held_per_tenant", "must be at least 1");
         }
         if self.dedup_retention_ms > 24 * 3_600_000 {
             return bad("dedup_retention_ms", "must be at most 1 day");

@@ -35,6 +35,9 @@ const FULL_CHECK_MAX_ITEMS: usize = 4_096;
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Holder {
     pub lease_id: LeaseId,
+    /// The identity that acquired the lease: the only one that may renew
+    /// or release it.
+    pub owner: Owner,
     pub request_id: RequestId,
     pub token: FencingToken,
     pub granted_at_ms: u64,
@@ -52,6 +55,7 @@ pub(crate) struct Holder {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Waiter {
     pub lease_id: LeaseId,
+    pub owner: Owner,
     pub request_id: RequestId,
     pub lease_ttl_ms: u64,
     pub enqueued_at_ms: u64,
@@ -67,6 +71,9 @@ pub(crate) struct Record {
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) struct DedupKey {
     pub resource: ResourceName,
+    /// Request ids are the caller's: two identities using the same id name
+    /// two acquires, and one can never read the other's outcome.
+    pub owner: Owner,
     pub request_id: RequestId,
 }
 
@@ -137,6 +144,8 @@ pub struct LockTable {
     pub(crate) wait_index: BTreeSet<(u64, ResourceName, LeaseId)>,
     pub(crate) forget_index: BTreeSet<(u64, DedupKey)>,
     pub(crate) tenant_waiters: BTreeMap<String, u32>,
+    /// Held resources per tenant (for `max_held_per_tenant`).
+    pub(crate) tenant_held: BTreeMap<String, u32>,
     /// Slots this shard serves. Requests for other slots are refused with
     /// `WrongShard` at apply, whatever map routed them here.
     pub(crate) owned: SlotSet,
@@ -173,6 +182,7 @@ impl LockTable {
             wait_index: BTreeSet::new(),
             forget_index: BTreeSet::new(),
             tenant_waiters: BTreeMap::new(),
+            tenant_held: BTreeMap::new(),
             owned: SlotSet::full(),
             last_imported_migration: 0,
             exports: BTreeMap::new(),
@@ -250,6 +260,7 @@ impl LockTable {
         match command {
             Command::Acquire {
                 resource,
+                owner,
                 request_id,
                 lease_id,
                 lease_ttl_ms,
@@ -257,6 +268,7 @@ impl LockTable {
             } => self
                 .acquire(
                     resource,
+                    owner,
                     request_id,
                     *lease_id,
                     *lease_ttl_ms,
@@ -266,12 +278,13 @@ impl LockTable {
                 .map(Reply::Acquire),
             Command::Renew {
                 resource,
+                owner,
                 lease_id,
                 lease_ttl_ms,
             } => self
-                .renew(resource, *lease_id, *lease_ttl_ms, events)
+                .renew(resource, owner, *lease_id, *lease_ttl_ms, events)
                 .map(Reply::Renewed),
-            Command::RenewBatch { items } => {
+            Command::RenewBatch { owner, items } => {
                 if items.len() > MAX_RENEW_BATCH {
                     return Err(LockError::BatchTooLarge {
                         len: items.len(),
@@ -281,19 +294,32 @@ impl LockTable {
                 let results = items
                     .iter()
                     .map(|item| {
-                        self.renew(&item.resource, item.lease_id, item.lease_ttl_ms, events)
+                        self.renew(
+                            &item.resource,
+                            owner,
+                            item.lease_id,
+                            item.lease_ttl_ms,
+                            events,
+                        )
                     })
                     .collect();
                 Ok(Reply::RenewedBatch(results))
             }
-            Command::Release { resource, lease_id } => {
+            Command::Release {
+                resource,
+                owner,
+                lease_id,
+            } => {
                 self.check_owned(resource)?;
-                let released = self.end(resource, *lease_id, LeaseEnd::Released, events);
+                let released =
+                    self.end(resource, Some(owner), *lease_id, LeaseEnd::Released, events)?;
                 Ok(Reply::Released { released })
             }
             Command::Cancel { resource, lease_id } => {
                 self.check_owned(resource)?;
-                let removed = self.end(resource, *lease_id, LeaseEnd::Cancelled, events);
+                // Proposed by the server for a caller that went away, never
+                // by a caller: no owner to check.
+                let removed = self.end(resource, None, *lease_id, LeaseEnd::Cancelled, events)?;
                 Ok(Reply::Cancelled { removed })
             }
             Command::Tick => Ok(Reply::Ticked(self.tick(events))),
@@ -333,6 +359,11 @@ impl LockTable {
         if ctx.epoch == 0 || ctx.epoch > MAX_EPOCH {
             return Err(LockError::InvalidCommand {
                 reason: "epoch out of range",
+            });
+        }
+        if ctx.now_ms > crate::limits::MAX_CLOCK_MS {
+            return Err(LockError::InvalidCommand {
+                reason: "leader time stamp out of range",
             });
         }
         if ctx.epoch < self.epoch {
@@ -433,9 +464,11 @@ impl LockTable {
         Ok(())
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn acquire(
         &mut self,
         resource: &ResourceName,
+        owner: &Owner,
         request_id: &RequestId,
         lease_id: LeaseId,
         lease_ttl_ms: u64,
@@ -453,6 +486,7 @@ impl LockTable {
         self.settle(resource, events);
         let key = DedupKey {
             resource: resource.clone(),
+            owner: owner.clone(),
             request_id: request_id.clone(),
         };
         if let Some(entry) = self.dedup.get(&key) {
@@ -476,10 +510,18 @@ impl LockTable {
                         limit: self.limits.max_records,
                     });
                 }
+                let held = self.tenant_held.get(resource.tenant()).copied();
+                if held.unwrap_or(0) >= self.limits.max_held_per_tenant {
+                    return Err(LockError::TenantQuotaExceeded {
+                        limit: self.limits.max_held_per_tenant,
+                    });
+                }
                 let token = self.mint(POSITION_SOFT_LIMIT)?;
                 let expires_at_ms = now + lease_ttl_ms;
+                self.count_held(resource, true);
                 let holder = Holder {
                     lease_id,
+                    owner: owner.clone(),
                     request_id: request_id.clone(),
                     token,
                     granted_at_ms: now,
@@ -556,6 +598,7 @@ impl LockTable {
                 let record = self.records.get_mut(resource).expect("looked up above");
                 record.waiters.push_back(Waiter {
                     lease_id,
+                    owner: owner.clone(),
                     request_id: request_id.clone(),
                     lease_ttl_ms,
                     enqueued_at_ms: now,
@@ -627,6 +670,7 @@ impl LockTable {
     fn renew(
         &mut self,
         resource: &ResourceName,
+        owner: &Owner,
         lease_id: LeaseId,
         lease_ttl_ms: u64,
         events: &mut Vec<Event>,
@@ -640,6 +684,11 @@ impl LockTable {
         };
         if record.holder.lease_id != lease_id {
             return Err(LockError::LeaseNotHeld);
+        }
+        // A lease id is a bearer secret only together with its owner: one
+        // that leaked (logs, a shared queue) is useless to anyone else.
+        if record.holder.owner != *owner {
+            return Err(LockError::PermissionDenied);
         }
         // 0 keeps the lease's current TTL.
         let lease_ttl_ms = if lease_ttl_ms == 0 {
@@ -676,27 +725,54 @@ impl LockTable {
     }
 
     /// Ends the holding or wait of `lease_id` on `resource`. Returns false
-    /// (changing nothing) when the lease neither holds nor waits.
+    /// (changing nothing) when the lease neither holds nor waits, and
+    /// refuses (changing nothing) when `owner` is given and the lease
+    /// belongs to another identity.
     fn end(
         &mut self,
         resource: &ResourceName,
+        owner: Option<&Owner>,
         lease_id: LeaseId,
         how: LeaseEnd,
         events: &mut Vec<Event>,
-    ) -> bool {
+    ) -> Result<bool, LockError> {
         self.settle(resource, events);
         let Some(record) = self.records.get(resource) else {
-            return false;
+            return Ok(false);
         };
+        let not_theirs = |lease_owner: &Owner| owner.is_some_and(|o| o != lease_owner);
         if record.holder.lease_id == lease_id {
+            if not_theirs(&record.holder.owner) {
+                return Err(LockError::PermissionDenied);
+            }
             self.end_holder(resource, how, events);
-            return true;
+            return Ok(true);
         }
         if let Some(pos) = record.waiters.iter().position(|w| w.lease_id == lease_id) {
+            if not_theirs(&record.waiters[pos].owner) {
+                return Err(LockError::PermissionDenied);
+            }
             self.remove_waiter(resource, pos, WaitEnd::Cancelled, events);
-            return true;
+            return Ok(true);
         }
-        false
+        Ok(false)
+    }
+
+    /// Counts a held resource in (or out of) its tenant's total.
+    pub(crate) fn count_held(&mut self, resource: &ResourceName, held: bool) {
+        let tenant = resource.tenant();
+        if held {
+            *self.tenant_held.entry(tenant.to_owned()).or_default() += 1;
+            return;
+        }
+        let count = self
+            .tenant_held
+            .get_mut(tenant)
+            .expect("a held resource is counted for its tenant");
+        *count -= 1;
+        if *count == 0 {
+            self.tenant_held.remove(tenant);
+        }
     }
 
     /// Expires the holder of `resource` if its lease ran out by the table's
@@ -718,12 +794,14 @@ impl LockTable {
     fn end_holder(&mut self, resource: &ResourceName, how: LeaseEnd, events: &mut Vec<Event>) {
         let now = self.now();
         let Record { holder, waiters } = self.records.remove(resource).expect("caller checked");
+        self.count_held(resource, false);
         let removed = self
             .expiry_index
             .remove(&(holder.expires_at_ms, resource.clone()));
         debug_assert!(removed);
         self.finish_dedup(
             resource,
+            &holder.owner,
             &holder.request_id,
             DedupStateEnd::Lease {
                 token: holder.token,
@@ -749,6 +827,7 @@ impl LockTable {
                         self.expiry_index.insert((expires_at_ms, resource.clone()));
                         self.set_dedup_state(
                             resource,
+                            &waiter.owner,
                             &waiter.request_id,
                             DedupState::Held { token },
                         );
@@ -763,6 +842,7 @@ impl LockTable {
                         });
                         let holder = Holder {
                             lease_id: waiter.lease_id,
+                            owner: waiter.owner,
                             request_id: waiter.request_id,
                             token,
                             granted_at_ms: now,
@@ -772,12 +852,19 @@ impl LockTable {
                         };
                         self.records
                             .insert(resource.clone(), Record { holder, waiters });
+                        // Handed off within the tenant: it still holds one.
+                        self.count_held(resource, true);
                         return;
                     }
                     Err(_) => WaitEnd::TokenSpaceExhausted,
                 }
             };
-            self.finish_dedup(resource, &waiter.request_id, DedupStateEnd::Wait(ended));
+            self.finish_dedup(
+                resource,
+                &waiter.owner,
+                &waiter.request_id,
+                DedupStateEnd::Wait(ended),
+            );
             events.push(Event::WaitEnded {
                 resource: resource.clone(),
                 lease_id: waiter.lease_id,
@@ -798,7 +885,12 @@ impl LockTable {
         let record = self.records.get_mut(resource).expect("caller checked");
         let waiter = record.waiters.remove(pos).expect("caller checked");
         self.unindex_waiter(resource, &waiter);
-        self.finish_dedup(resource, &waiter.request_id, DedupStateEnd::Wait(ended));
+        self.finish_dedup(
+            resource,
+            &waiter.owner,
+            &waiter.request_id,
+            DedupStateEnd::Wait(ended),
+        );
         events.push(Event::WaitEnded {
             resource: resource.clone(),
             lease_id: waiter.lease_id,
@@ -826,11 +918,13 @@ impl LockTable {
     fn set_dedup_state(
         &mut self,
         resource: &ResourceName,
+        owner: &Owner,
         request_id: &RequestId,
         state: DedupState,
     ) {
         let key = DedupKey {
             resource: resource.clone(),
+            owner: owner.clone(),
             request_id: request_id.clone(),
         };
         let entry = self
@@ -847,6 +941,7 @@ impl LockTable {
     fn finish_dedup(
         &mut self,
         resource: &ResourceName,
+        owner: &Owner,
         request_id: &RequestId,
         end: DedupStateEnd,
     ) {
@@ -862,7 +957,7 @@ impl LockTable {
                 forget_at_ms,
             },
         };
-        self.set_dedup_state(resource, request_id, state);
+        self.set_dedup_state(resource, owner, request_id, state);
     }
 
     /// Retires what is due by the table's clock, oldest first, at most
@@ -1032,6 +1127,7 @@ impl LockTable {
         let mut expiry = BTreeSet::new();
         let mut waits = BTreeSet::new();
         let mut tenants: BTreeMap<String, u32> = BTreeMap::new();
+        let mut held: BTreeMap<String, u32> = BTreeMap::new();
         let mut live_dedup = 0usize;
         if self.epoch > MAX_EPOCH || self.last_position > MAX_POSITION {
             return Err("epoch or position out of range".into());
@@ -1048,6 +1144,14 @@ impl LockTable {
                 self.max_token, self.epoch
             ));
         }
+        // The next mint must be above every token so far (`mint` asserts
+        // it): in the current epoch, nothing beyond the last position.
+        if self.max_token.epoch() == self.epoch && self.max_token.position() > self.last_position {
+            return Err(format!(
+                "max token {} beyond the last position {}",
+                self.max_token, self.last_position
+            ));
+        }
         for (name, record) in &self.records {
             let h = &record.holder;
             // Invariant 1: one holder per record, and it is the one the
@@ -1059,8 +1163,10 @@ impl LockTable {
                 return Err(format!("{name}: expiry below its stamp"));
             }
             expiry.insert((h.expires_at_ms, name.clone()));
+            *held.entry(name.tenant().to_owned()).or_default() += 1;
             let key = DedupKey {
                 resource: name.clone(),
+                owner: h.owner.clone(),
                 request_id: h.request_id.clone(),
             };
             match self.dedup.get(&key) {
@@ -1082,6 +1188,7 @@ impl LockTable {
                 *tenants.entry(name.tenant().to_owned()).or_default() += 1;
                 let key = DedupKey {
                     resource: name.clone(),
+                    owner: w.owner.clone(),
                     request_id: w.request_id.clone(),
                 };
                 match self.dedup.get(&key) {
@@ -1099,6 +1206,9 @@ impl LockTable {
         }
         if tenants != self.tenant_waiters {
             return Err("tenant waiter counts out of sync".into());
+        }
+        if held != self.tenant_held {
+            return Err("tenant held counts out of sync".into());
         }
         if tenants
             .values()

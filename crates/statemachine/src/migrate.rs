@@ -244,12 +244,14 @@ impl LockTable {
         }
         self.expiry_index
             .insert((record.holder.expires_at_ms, name.clone()));
+        self.count_held(&name, true);
         self.records.insert(name, record);
         true
     }
 
     fn remove_record_indexed(&mut self, name: &ResourceName) {
         let record = self.records.remove(name).expect("caller listed it");
+        self.count_held(name, false);
         let removed = self
             .expiry_index
             .remove(&(record.holder.expires_at_ms, name.clone()));

@@ -2,7 +2,7 @@
 //! replies and events.
 
 use crate::error::LockError;
-use crate::limits::{LEASE_ID_LEN, MAX_REQUEST_ID_LEN};
+use crate::limits::{LEASE_ID_LEN, MAX_OWNER_LEN, MAX_REQUEST_ID_LEN};
 use crate::name::ResourceName;
 use crate::slots::SlotSet;
 use crate::token::FencingToken;
@@ -66,6 +66,52 @@ impl std::fmt::Debug for RequestId {
     }
 }
 
+/// The identity that acquired a lease: the caller's SPIFFE-style URI taken
+/// from its TLS client certificate by the server (`spiffe://fencelock/tenant/
+/// acme/worker-1`), or the anonymous owner (empty) when the server runs
+/// without TLS. Only the owner of a lease may renew or release it, and
+/// request ids are deduplicated per owner.
+#[derive(Clone, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Owner(String);
+
+impl Owner {
+    /// The owner of every lease on a server without TLS (dev mode).
+    pub const fn anonymous() -> Owner {
+        Owner(String::new())
+    }
+
+    /// Validates the length (at most MAX_OWNER_LEN bytes) and the bytes
+    /// (printable ASCII, no spaces): an owner is an identifier, not text.
+    pub fn new(identity: impl Into<String>) -> Result<Owner, LockError> {
+        let identity = identity.into();
+        if identity.len() > MAX_OWNER_LEN || !identity.bytes().all(|b| b.is_ascii_graphic()) {
+            return Err(LockError::InvalidOwner {
+                len: identity.len(),
+                max: MAX_OWNER_LEN,
+            });
+        }
+        Ok(Owner(identity))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    pub fn is_anonymous(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+impl std::fmt::Debug for Owner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.is_anonymous() {
+            write!(f, "Owner(anonymous)")
+        } else {
+            write!(f, "Owner({:?})", self.0)
+        }
+    }
+}
+
 /// Everything apply needs to know about the log entry a command came in.
 /// Identical on every replica for the same entry: that is what keeps apply
 /// deterministic.
@@ -91,6 +137,8 @@ pub enum Command {
     /// Take the lock, or queue for it for up to `wait_timeout_ms`.
     Acquire {
         resource: ResourceName,
+        /// Who asks; the lease belongs to this identity.
+        owner: Owner,
         request_id: RequestId,
         lease_id: LeaseId,
         lease_ttl_ms: u64,
@@ -99,14 +147,18 @@ pub enum Command {
     /// Extend a held lease to `now + lease_ttl_ms` (never shortening it).
     Renew {
         resource: ResourceName,
+        /// Who asks: must be the lease's owner.
+        owner: Owner,
         lease_id: LeaseId,
         lease_ttl_ms: u64,
     },
-    /// Renew many leases in one entry; each gets its own result.
-    RenewBatch { items: Vec<RenewItem> },
-    /// End a holding (or a wait). Idempotent.
+    /// Renew many leases of one caller in one entry; each gets its own
+    /// result.
+    RenewBatch { owner: Owner, items: Vec<RenewItem> },
+    /// End a holding (or a wait). Idempotent. Only the owner may.
     Release {
         resource: ResourceName,
+        owner: Owner,
         lease_id: LeaseId,
     },
     /// The caller of a waiting acquire went away: drop its wait, or, if it

@@ -35,6 +35,7 @@ fn commands() -> Vec<Command> {
             clock_offset_allowance_ms: 500,
         },
         Command::Acquire {
+            owner: Owner::anonymous(),
             resource: r("acme/a"),
             request_id: RequestId::new(b"req-1".to_vec()).unwrap(),
             lease_id: LeaseId([1; 16]),
@@ -42,11 +43,13 @@ fn commands() -> Vec<Command> {
             wait_timeout_ms: 5_000,
         },
         Command::Renew {
+            owner: Owner::anonymous(),
             resource: r("acme/a"),
             lease_id: LeaseId([1; 16]),
             lease_ttl_ms: 10_000,
         },
         Command::RenewBatch {
+            owner: Owner::anonymous(),
             items: vec![RenewItem {
                 resource: r("beta/b"),
                 lease_id: LeaseId([2; 16]),
@@ -54,6 +57,7 @@ fn commands() -> Vec<Command> {
             }],
         },
         Command::Release {
+            owner: Owner::anonymous(),
             resource: r("acme/a"),
             lease_id: LeaseId([1; 16]),
         },
@@ -90,6 +94,7 @@ fn busy_table() -> LockTable {
         apply(
             &mut t,
             Command::Acquire {
+                owner: Owner::anonymous(),
                 resource: ResourceName::parse(&format!("acme/r{}", i % 3)).unwrap(),
                 request_id: RequestId::new(vec![b'q', i]).unwrap(),
                 lease_id: LeaseId([i + 1; 16]),

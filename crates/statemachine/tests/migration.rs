@@ -60,6 +60,7 @@ impl Shard {
         wait_ms: u64,
     ) -> Result<AcquireReply, LockError> {
         match self.apply(Command::Acquire {
+            owner: Owner::anonymous(),
             resource: res.clone(),
             request_id: RequestId::new(req.as_bytes().to_vec()).unwrap(),
             lease_id: LeaseId([lease; 16]),
@@ -142,6 +143,7 @@ fn held_lock_moves_with_its_lease_and_the_next_grant_gets_a_higher_epoch() {
     assert_eq!(dst.table.epoch(), 3);
     // The holder keeps its lease there: renew and release by lease id work.
     dst.apply(Command::Renew {
+        owner: Owner::anonymous(),
         resource: r.clone(),
         lease_id: LeaseId([1; 16]),
         lease_ttl_ms: 10_000,
@@ -149,6 +151,7 @@ fn held_lock_moves_with_its_lease_and_the_next_grant_gets_a_higher_epoch() {
     .unwrap();
     assert_eq!(dst.table.view(&r).unwrap().token, t1);
     dst.apply(Command::Release {
+        owner: Owner::anonymous(),
         resource: r.clone(),
         lease_id: LeaseId([1; 16]),
     })
@@ -199,6 +202,7 @@ fn waiters_move_in_order_and_are_told_their_wait_moved() {
     dst.import(1, 5, only(slot_of(&r)), data).unwrap();
     assert_eq!(dst.table.waiter_count(), 2);
     let out = dst.apply_full(Command::Release {
+        owner: Owner::anonymous(),
         resource: r.clone(),
         lease_id: LeaseId([1; 16]),
     });
@@ -342,6 +346,7 @@ proptest! {
                 Op::Acquire { shard, res, wait } => {
                     lease = lease.wrapping_add(1);
                     let out = shards[shard].apply_full(Command::Acquire {
+                        owner: Owner::anonymous(),
                         resource: names[res].clone(),
                         request_id: RequestId::new(vec![lease]).unwrap(),
                         lease_id: LeaseId([lease; 16]),
@@ -352,7 +357,7 @@ proptest! {
                 }
                 Op::Release { shard, res } => {
                     if let Some(l) = holder.get(&res) {
-                        let out = shards[shard].apply_full(Command::Release { resource: names[res].clone(), lease_id: *l });
+                        let out = shards[shard].apply_full(Command::Release { resource: names[res].clone(), owner: Owner::anonymous(), lease_id: *l });
                         events = out.events;
                     }
                 }

@@ -31,6 +31,9 @@ fn limits() -> Limits {
         max_hold_ms: 60_000,
         max_waiters_per_resource: 3,
         max_waiters_per_tenant: 4,
+        // Above max_records: the model has no per-tenant hold quota
+        // (tests/scenarios.rs covers it).
+        max_held_per_tenant: 1_000,
         dedup_retention_ms: 20_000,
         max_dedup_entries: 14,
         max_records: 3,
@@ -175,6 +178,7 @@ impl Model {
                 lease_id,
                 lease_ttl_ms,
                 wait_timeout_ms,
+                ..
             } => self
                 .acquire(
                     resource,
@@ -189,10 +193,11 @@ impl Model {
                 resource,
                 lease_id,
                 lease_ttl_ms,
+                ..
             } => self
                 .renew(resource, *lease_id, *lease_ttl_ms, ev)
                 .map(Reply::Renewed),
-            Command::RenewBatch { items } => {
+            Command::RenewBatch { items, .. } => {
                 if items.len() > 1024 {
                     return Err(LockError::BatchTooLarge {
                         len: items.len(),
@@ -206,7 +211,9 @@ impl Model {
                         .collect(),
                 ))
             }
-            Command::Release { resource, lease_id } => Ok(Reply::Released {
+            Command::Release {
+                resource, lease_id, ..
+            } => Ok(Reply::Released {
                 released: self.end(resource, *lease_id, LeaseEnd::Released, ev),
             }),
             Command::Cancel { resource, lease_id } => Ok(Reply::Cancelled {
@@ -713,7 +720,7 @@ impl Observer {
                     Err(_) => {}
                 }
             }
-            (Command::RenewBatch { items }, Ok(Reply::RenewedBatch(results))) => {
+            (Command::RenewBatch { items, .. }, Ok(Reply::RenewedBatch(results))) => {
                 prop_assert_eq!(items.len(), results.len());
                 for (item, result) in items.iter().zip(results) {
                     if result.is_ok() {
@@ -721,7 +728,12 @@ impl Observer {
                     }
                 }
             }
-            (Command::Release { resource, lease_id }, Ok(Reply::Released { released })) => {
+            (
+                Command::Release {
+                    resource, lease_id, ..
+                },
+                Ok(Reply::Released { released }),
+            ) => {
                 let ended_now = out.events.iter().any(|e| {
                     matches!(e,
                     Event::LeaseEnded { resource: r, lease_id: l, ended: LeaseEnd::Released, .. }
@@ -886,6 +898,7 @@ fn run(steps: Vec<(Op, i64, bool)>) -> Result<(), TestCaseError> {
                 wait,
             } => {
                 let c = Command::Acquire {
+                    owner: Owner::anonymous(),
                     resource: res(r),
                     request_id: RequestId::new(vec![b'q', req]).unwrap(),
                     lease_id: LeaseId([lease; 16]),
@@ -901,11 +914,13 @@ fn run(steps: Vec<(Op, i64, bool)>) -> Result<(), TestCaseError> {
                 false => acquires[pick % acquires.len()].clone(),
             },
             Op::Renew { res: r, pick, ttl } => Command::Renew {
+                owner: Owner::anonymous(),
                 resource: res(r),
                 lease_id: pick_lease(&leases, r, pick),
                 lease_ttl_ms: TTLS[ttl],
             },
             Op::RenewBatch { picks } => Command::RenewBatch {
+                owner: Owner::anonymous(),
                 items: picks
                     .into_iter()
                     .map(|(r, pick)| RenewItem {
@@ -916,6 +931,7 @@ fn run(steps: Vec<(Op, i64, bool)>) -> Result<(), TestCaseError> {
                     .collect(),
             },
             Op::Release { res: r, pick } => Command::Release {
+                owner: Owner::anonymous(),
                 resource: res(r),
                 lease_id: pick_lease(&leases, r, pick),
             },
@@ -945,6 +961,7 @@ fn run(steps: Vec<(Op, i64, bool)>) -> Result<(), TestCaseError> {
             Op::NotReady { res: r } => {
                 ctx.term = term + 1;
                 Command::Release {
+                    owner: Owner::anonymous(),
                     resource: res(r),
                     lease_id: pick_lease(&leases, r, 1),
                 }
@@ -957,6 +974,7 @@ fn run(steps: Vec<(Op, i64, bool)>) -> Result<(), TestCaseError> {
             Op::StaleEpoch { res: r } => {
                 ctx.epoch = epoch.saturating_sub(1);
                 Command::Release {
+                    owner: Owner::anonymous(),
                     resource: res(r),
                     lease_id: pick_lease(&leases, r, 1),
                 }

@@ -75,6 +75,7 @@ impl Shard {
 
     fn renew(&mut self, res: &str, lease: u8, ttl: u64) -> Result<Renewed, LockError> {
         match self.apply(Command::Renew {
+            owner: Owner::anonymous(),
             resource: name(res),
             lease_id: LeaseId([lease; 16]),
             lease_ttl_ms: ttl,
@@ -86,6 +87,7 @@ impl Shard {
 
     fn release(&mut self, res: &str, lease: u8) -> bool {
         match self.apply(Command::Release {
+            owner: Owner::anonymous(),
             resource: name(res),
             lease_id: LeaseId([lease; 16]),
         }) {
@@ -105,6 +107,7 @@ fn name(s: &str) -> ResourceName {
 
 fn acquire(res: &str, req: &str, lease: u8, ttl: u64, wait: u64) -> Command {
     Command::Acquire {
+        owner: Owner::anonymous(),
         resource: name(res),
         request_id: RequestId::new(req.as_bytes()).unwrap(),
         lease_id: LeaseId([lease; 16]),
@@ -178,6 +181,7 @@ fn tokens_of_commands_coalesced_into_one_entry_still_increase() {
         tokens.push(token_of(&a));
         s.table.apply(
             &Command::Release {
+                owner: Owner::anonymous(),
                 resource: name("acme/job"),
                 lease_id: LeaseId([lease; 16]),
             },
@@ -202,6 +206,7 @@ fn release_hands_the_lock_to_the_next_waiter_only() {
         AcquireStatus::Queued { position: 2, .. }
     ));
     let out = s.apply_full(Command::Release {
+        owner: Owner::anonymous(),
         resource: name("acme/hot"),
         lease_id: LeaseId([1; 16]),
     });
@@ -487,6 +492,7 @@ fn waiter_turn_past_the_hard_token_limit_ends_the_wait_instead_of_wrapping() {
     s.acquire("acme/hot", "b", 2, 10_000, 60_000).unwrap();
     s.index = MAX_POSITION + 5;
     let out = s.apply_full(Command::Release {
+        owner: Owner::anonymous(),
         resource: name("acme/hot"),
         lease_id: LeaseId([1; 16]),
     });
@@ -597,6 +603,7 @@ fn renew_batch_too_large_is_refused() {
         lease_ttl_ms: 0,
     };
     let r = s.apply(Command::RenewBatch {
+        owner: Owner::anonymous(),
         items: vec![item; MAX_RENEW_BATCH + 1],
     });
     assert_eq!(
@@ -625,7 +632,10 @@ fn renew_batch_gives_each_lease_its_own_result() {
             lease_ttl_ms: 0,
         },
     ];
-    let Ok(Reply::RenewedBatch(results)) = s.apply(Command::RenewBatch { items }) else {
+    let Ok(Reply::RenewedBatch(results)) = s.apply(Command::RenewBatch {
+        owner: Owner::anonymous(),
+        items,
+    }) else {
         panic!()
     };
     assert!(results[0].is_ok());
@@ -940,6 +950,7 @@ fn corrupt_snapshots_are_refused_without_panicking() {
 #[test]
 fn corrupt_commands_are_refused_without_panicking() {
     let cmd = Command::RenewBatch {
+        owner: Owner::anonymous(),
         items: vec![RenewItem {
             resource: name("acme/a"),
             lease_id: LeaseId([1; 16]),
@@ -955,10 +966,201 @@ fn corrupt_commands_are_refused_without_panicking() {
         Command::decode(&[9, 1]),
         Err(DecodeError::UnsupportedVersion(9))
     ));
+    // Version 1 (before lease owners) is refused, not guessed at.
     assert!(matches!(
-        Command::decode(&[1, 99]),
+        Command::decode(&[1, 6]),
+        Err(DecodeError::UnsupportedVersion(1))
+    ));
+    assert!(matches!(
+        Command::decode(&[2, 99]),
         Err(DecodeError::BadTag { .. })
     ));
     // A huge item count with no data behind it does not allocate.
-    assert!(Command::decode(&[1, 3, 0xff, 0xff, 0xff, 0xff]).is_err());
+    assert!(Command::decode(&[2, 3, 0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff]).is_err());
+}
+
+// ------------------------------------------------------------ owners and tenants
+
+fn owner(s: &str) -> Owner {
+    Owner::new(s).unwrap()
+}
+
+fn acquire_as(who: &Owner, res: &str, req: &str, lease: u8, wait: u64) -> Command {
+    Command::Acquire {
+        owner: who.clone(),
+        resource: name(res),
+        request_id: RequestId::new(req.as_bytes()).unwrap(),
+        lease_id: LeaseId([lease; 16]),
+        lease_ttl_ms: 10_000,
+        wait_timeout_ms: wait,
+    }
+}
+
+#[test]
+fn only_the_owner_may_renew_or_release_a_lease() {
+    let mut s = Shard::new();
+    let alice = owner("spiffe://fencelock/tenant/acme/alice");
+    let mallory = owner("spiffe://fencelock/tenant/acme/mallory");
+    s.apply(acquire_as(&alice, "acme/x", "r1", 1, 0)).unwrap();
+    // The stolen lease id is useless to another identity.
+    let renew = |who: &Owner| Command::Renew {
+        resource: name("acme/x"),
+        owner: who.clone(),
+        lease_id: LeaseId([1; 16]),
+        lease_ttl_ms: 0,
+    };
+    let release = |who: &Owner| Command::Release {
+        resource: name("acme/x"),
+        owner: who.clone(),
+        lease_id: LeaseId([1; 16]),
+    };
+    assert_eq!(s.apply(renew(&mallory)), Err(LockError::PermissionDenied));
+    assert_eq!(s.apply(release(&mallory)), Err(LockError::PermissionDenied));
+    let batch = s
+        .apply(Command::RenewBatch {
+            owner: mallory.clone(),
+            items: vec![RenewItem {
+                resource: name("acme/x"),
+                lease_id: LeaseId([1; 16]),
+                lease_ttl_ms: 0,
+            }],
+        })
+        .unwrap();
+    assert_eq!(
+        batch,
+        Reply::RenewedBatch(vec![Err(LockError::PermissionDenied)])
+    );
+    assert_eq!(s.holder("acme/x"), Some(LeaseId([1; 16])));
+    // The anonymous owner is just another identity.
+    assert_eq!(
+        s.apply(renew(&Owner::anonymous())),
+        Err(LockError::PermissionDenied)
+    );
+    assert!(matches!(s.apply(renew(&alice)), Ok(Reply::Renewed(_))));
+    assert_eq!(
+        s.apply(release(&alice)),
+        Ok(Reply::Released { released: true })
+    );
+}
+
+#[test]
+fn only_the_owner_may_cancel_a_queued_wait() {
+    let mut s = Shard::new();
+    let alice = owner("spiffe://fencelock/tenant/acme/alice");
+    let bob = owner("spiffe://fencelock/tenant/acme/bob");
+    s.apply(acquire_as(&alice, "acme/x", "r1", 1, 0)).unwrap();
+    s.apply(acquire_as(&bob, "acme/x", "r2", 2, 5_000)).unwrap();
+    let release = |who: &Owner| Command::Release {
+        resource: name("acme/x"),
+        owner: who.clone(),
+        lease_id: LeaseId([2; 16]),
+    };
+    assert_eq!(s.apply(release(&alice)), Err(LockError::PermissionDenied));
+    assert_eq!(s.table.view(&name("acme/x")).unwrap().queue_len, 1);
+    assert_eq!(
+        s.apply(release(&bob)),
+        Ok(Reply::Released { released: true })
+    );
+}
+
+#[test]
+fn a_handed_off_lease_belongs_to_the_waiter_that_got_it() {
+    let mut s = Shard::new();
+    let alice = owner("spiffe://fencelock/tenant/acme/alice");
+    let bob = owner("spiffe://fencelock/tenant/acme/bob");
+    s.apply(acquire_as(&alice, "acme/x", "r1", 1, 0)).unwrap();
+    s.apply(acquire_as(&bob, "acme/x", "r2", 2, 5_000)).unwrap();
+    s.apply(Command::Release {
+        resource: name("acme/x"),
+        owner: alice.clone(),
+        lease_id: LeaseId([1; 16]),
+    })
+    .unwrap();
+    let renew = |who: &Owner| Command::Renew {
+        resource: name("acme/x"),
+        owner: who.clone(),
+        lease_id: LeaseId([2; 16]),
+        lease_ttl_ms: 0,
+    };
+    assert_eq!(s.apply(renew(&alice)), Err(LockError::PermissionDenied));
+    assert!(matches!(s.apply(renew(&bob)), Ok(Reply::Renewed(_))));
+}
+
+#[test]
+fn request_ids_are_deduplicated_per_owner() {
+    let mut s = Shard::new();
+    let alice = owner("spiffe://fencelock/tenant/acme/alice");
+    let bob = owner("spiffe://fencelock/tenant/acme/bob");
+    let first = s.apply(acquire_as(&alice, "acme/x", "same-id", 1, 0));
+    assert!(matches!(first, Ok(Reply::Acquire(a)) if !a.deduplicated));
+    // Alice's retry gets her original lease back.
+    let retry = s.apply(acquire_as(&alice, "acme/x", "same-id", 9, 0));
+    assert!(
+        matches!(retry, Ok(Reply::Acquire(a)) if a.deduplicated && a.lease_id == LeaseId([1; 16]))
+    );
+    // Bob using the same request id is a different acquire: he never sees
+    // Alice's lease id, he finds the lock held.
+    let other = s.apply(acquire_as(&bob, "acme/x", "same-id", 2, 0));
+    assert!(
+        matches!(other, Err(LockError::LockHeld { .. })),
+        "{other:?}"
+    );
+    assert_eq!(s.table.dedup_count(), 1);
+}
+
+#[test]
+fn tenant_hold_quota_is_refused_without_touching_other_tenants() {
+    let mut s = Shard::with_limits(Limits {
+        max_held_per_tenant: 2,
+        ..Limits::default()
+    });
+    s.acquire("acme/a", "1", 1, 10_000, 0).unwrap();
+    s.acquire("acme/b", "2", 2, 10_000, 0).unwrap();
+    assert_eq!(
+        s.acquire("acme/c", "3", 3, 10_000, 0),
+        Err(LockError::TenantQuotaExceeded { limit: 2 })
+    );
+    // Another tenant is unaffected.
+    s.acquire("beta/a", "4", 4, 10_000, 0).unwrap();
+    // A hand-off to a waiter keeps the tenant's count.
+    s.acquire("acme/a", "5", 5, 10_000, 5_000).unwrap();
+    assert!(s.release("acme/a", 1));
+    assert_eq!(s.holder("acme/a"), Some(LeaseId([5; 16])));
+    assert_eq!(
+        s.acquire("acme/c", "6", 6, 10_000, 0),
+        Err(LockError::TenantQuotaExceeded { limit: 2 })
+    );
+    // A release frees a place.
+    assert!(s.release("acme/b", 2));
+    s.acquire("acme/c", "7", 7, 10_000, 0).unwrap();
+    // The counts survive a snapshot.
+    let restored = LockTable::restore(&s.table.snapshot()).unwrap();
+    assert_eq!(restored, s.table);
+}
+
+#[test]
+fn owners_survive_a_snapshot() {
+    let mut s = Shard::new();
+    let alice = owner("spiffe://fencelock/tenant/acme/alice");
+    s.apply(acquire_as(&alice, "acme/x", "r1", 1, 0)).unwrap();
+    let restored = LockTable::restore(&s.table.snapshot()).unwrap();
+    assert_eq!(restored, s.table);
+    let mut s2 = Shard {
+        table: restored,
+        ..Shard::new()
+    };
+    s2.index = s.index;
+    assert_eq!(s2.renew("acme/x", 1, 0), Err(LockError::PermissionDenied));
+}
+
+#[test]
+fn owner_identity_is_bounded_printable_ascii() {
+    assert!(Owner::new("spiffe://fencelock/tenant/acme/a").is_ok());
+    assert!(Owner::new("x".repeat(limits::MAX_OWNER_LEN)).is_ok());
+    assert!(matches!(
+        Owner::new("x".repeat(limits::MAX_OWNER_LEN + 1)),
+        Err(LockError::InvalidOwner { .. })
+    ));
+    assert!(Owner::new("has space").is_err());
+    assert!(Owner::new("é").is_err());
 }

@@ -213,6 +213,9 @@ impl LocalCluster {
             ));
         }
         peers.push_str("]\n");
+        // Benchmarks run on one host without TLS (docs/security.md); as an
+        // inline table so that sections may follow.
+        peers.push_str("tls = { insecure = true }\n");
         for n in &self.nodes {
             let mut text = format!(
                 "node_id = {}\nlisten_addr = \"{}\"\ndata_dir = \"node{}\"\nshard_count = {}\n{peers}",

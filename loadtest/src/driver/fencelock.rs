@@ -308,7 +308,8 @@ impl FencelockDriver {
             | Reason::LeaseNotHeld
             | Reason::HoldLimitReached
             | Reason::QueueFull
-            | Reason::TenantWaitersExceeded => Next::Done(OpError::new(Outcome::Conflict, message)),
+            | Reason::TenantWaitersExceeded
+            | Reason::TenantQuotaExceeded => Next::Done(OpError::new(Outcome::Conflict, message)),
             Reason::NotLeader => {
                 let hinted = detail.leader.as_ref().and_then(|l| {
                     let addr = host_port(&l.address);
@@ -337,7 +338,8 @@ impl FencelockDriver {
             | Reason::EpochNotMatch
             | Reason::ShardNotFound
             | Reason::TokenSpaceExhausted
-            | Reason::LeaseIdCollision => {
+            | Reason::LeaseIdCollision
+            | Reason::RateLimited => {
                 Next::Backoff(OpError::new(Outcome::Unavailable, message), None)
             }
             _ => Next::Done(OpError::new(Outcome::Unavailable, message)),

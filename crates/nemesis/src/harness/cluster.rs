@@ -138,7 +138,9 @@ impl Cluster {
         format!(
             "node_id = {id}\nlisten_addr = \"{}\"\ndata_dir = \"{}\"\nshard_count = {}\npeers = [{}]\n\n\
              [raft]\ntick_interval_ms = {TICK_INTERVAL_MS}\nelection_ticks = {ELECTION_TICKS}\n\
-             proposal_timeout_ms = {PROPOSAL_TIMEOUT_MS}\n",
+             proposal_timeout_ms = {PROPOSAL_TIMEOUT_MS}\n\n\
+             # Fault-injection runs on one host: no TLS (docs/security.md).\n\
+             [tls]\ninsecure = true\n",
             self.addr(id),
             self.dir.join(format!("data{id}")).display(),
             self.shard_count,

@@ -4,6 +4,14 @@
 //! conformance suite as [`super::RocksEngine`], which is what makes tests run
 //! on it meaningful. "Durable" here means "visible to every clone": a clone
 //! plays the role of reopening the same database after a restart.
+//!
+//! **Crash mode** ([`MemEngine::with_crash_mode`]) additionally keeps what a
+//! synced write made durable apart from what unsynced writes only made
+//! visible, so [`MemEngine::crash`] can lose the unsynced writes the way a
+//! power cut loses what RocksDB had not yet synced: all of them, or (as a
+//! write-ahead log that reached the disk in part) the oldest few. A synced
+//! write makes every earlier write durable too, as a synced RocksDB write
+//! syncs the whole log before it.
 
 use std::collections::BTreeMap;
 use std::ops::Bound;
@@ -13,57 +21,120 @@ use super::{check_range, Cf, Engine, IterCallback, WriteBatch, WriteOp};
 use crate::error::{Error, Result};
 
 type Table = BTreeMap<Vec<u8>, Vec<u8>>;
+type Tables = [Table; Cf::ALL.len()];
+
+#[derive(Debug, Default)]
+struct State {
+    /// What reads see: every write so far.
+    live: Tables,
+    /// Crash mode only: the tables as of the last synced write, and the
+    /// unsynced writes since, oldest first.
+    durable: Option<(Tables, Vec<WriteBatch>)>,
+}
 
 /// In-memory engine. Clones share the same data.
 #[derive(Debug, Clone, Default)]
 pub struct MemEngine {
-    tables: Arc<Mutex<[Table; Cf::ALL.len()]>>,
+    state: Arc<Mutex<State>>,
 }
 
 impl MemEngine {
-    /// An empty engine.
+    /// An empty engine; every write counts as durable.
     pub fn new() -> Self {
         Self::default()
     }
 
-    fn lock(&self) -> Result<MutexGuard<'_, [Table; Cf::ALL.len()]>> {
+    /// An empty engine in crash mode: only synced writes (and the writes
+    /// before them) survive [`MemEngine::crash`].
+    pub fn with_crash_mode() -> Self {
+        MemEngine {
+            state: Arc::new(Mutex::new(State {
+                live: Tables::default(),
+                durable: Some((Tables::default(), Vec::new())),
+            })),
+        }
+    }
+
+    /// Simulates a crash: the unsynced writes after the oldest
+    /// `keep_unsynced` ones are lost, and reads see the durable state from
+    /// now on. Returns how many writes were lost. Outside crash mode every
+    /// write is durable and nothing is lost.
+    pub fn crash(&self, keep_unsynced: usize) -> Result<usize> {
+        let mut state = self.lock()?;
+        let State { live, durable } = &mut *state;
+        let Some((tables, unsynced)) = durable.as_mut() else {
+            return Ok(0);
+        };
+        let keep = keep_unsynced.min(unsynced.len());
+        let lost = unsynced.len() - keep;
+        for batch in unsynced.drain(..).take(keep) {
+            apply(tables, &batch);
+        }
+        *live = tables.clone();
+        Ok(lost)
+    }
+
+    /// Unsynced writes a crash would lose now (0 outside crash mode).
+    pub fn unsynced_writes(&self) -> Result<usize> {
+        Ok(self
+            .lock()?
+            .durable
+            .as_ref()
+            .map_or(0, |(_, unsynced)| unsynced.len()))
+    }
+
+    fn lock(&self) -> Result<MutexGuard<'_, State>> {
         // A poisoned lock means a panic happened mid-operation elsewhere; the
         // tables may be half-updated, so refuse rather than serve them.
-        self.tables.lock().map_err(|_| Error::Poisoned)
+        self.state.lock().map_err(|_| Error::Poisoned)
+    }
+}
+
+/// Applies a validated batch in order. Nothing here can fail, so applying
+/// in place is atomic.
+fn apply(tables: &mut Tables, batch: &WriteBatch) {
+    for op in batch.ops() {
+        match op {
+            WriteOp::Put { cf, key, value } => {
+                tables[cf.ordinal()].insert(key.clone(), value.clone());
+            }
+            WriteOp::Delete { cf, key } => {
+                tables[cf.ordinal()].remove(key);
+            }
+            WriteOp::DeleteRange { cf, start, end } => {
+                let table = &mut tables[cf.ordinal()];
+                let doomed: Vec<Vec<u8>> = table
+                    .range::<[u8], _>((Bound::Included(&start[..]), Bound::Excluded(&end[..])))
+                    .map(|(k, _)| k.clone())
+                    .collect();
+                for key in doomed {
+                    table.remove(&key);
+                }
+            }
+        }
     }
 }
 
 impl Engine for MemEngine {
     fn get(&self, cf: Cf, key: &[u8]) -> Result<Option<Vec<u8>>> {
-        Ok(self.lock()?[cf.ordinal()].get(key).cloned())
+        Ok(self.lock()?.live[cf.ordinal()].get(key).cloned())
     }
 
-    fn write(&self, batch: &WriteBatch, _sync: bool) -> Result<()> {
+    fn write(&self, batch: &WriteBatch, sync: bool) -> Result<()> {
         batch.validate()?;
         if batch.is_empty() {
             return Ok(());
         }
-        let mut tables = self.lock()?;
-        // Validation above is the only failure point, so applying in place is
-        // atomic: nothing below can fail half-way.
-        for op in batch.ops() {
-            match op {
-                WriteOp::Put { cf, key, value } => {
-                    tables[cf.ordinal()].insert(key.clone(), value.clone());
+        let mut state = self.lock()?;
+        apply(&mut state.live, batch);
+        if let Some((tables, unsynced)) = state.durable.as_mut() {
+            if sync {
+                for earlier in unsynced.drain(..) {
+                    apply(tables, &earlier);
                 }
-                WriteOp::Delete { cf, key } => {
-                    tables[cf.ordinal()].remove(key);
-                }
-                WriteOp::DeleteRange { cf, start, end } => {
-                    let table = &mut tables[cf.ordinal()];
-                    let doomed: Vec<Vec<u8>> = table
-                        .range::<[u8], _>((Bound::Included(&start[..]), Bound::Excluded(&end[..])))
-                        .map(|(k, _)| k.clone())
-                        .collect();
-                    for key in doomed {
-                        table.remove(&key);
-                    }
-                }
+                apply(tables, batch);
+            } else {
+                unsynced.push(batch.clone());
             }
         }
         Ok(())
@@ -71,14 +142,80 @@ impl Engine for MemEngine {
 
     fn iterate(&self, cf: Cf, start: &[u8], end: &[u8], f: &mut IterCallback<'_>) -> Result<()> {
         check_range(cf, start, end)?;
-        let tables = self.lock()?;
-        let range =
-            tables[cf.ordinal()].range::<[u8], _>((Bound::Included(start), Bound::Excluded(end)));
+        let state = self.lock()?;
+        let range = state.live[cf.ordinal()]
+            .range::<[u8], _>((Bound::Included(start), Bound::Excluded(end)));
         for (key, value) in range {
             if !f(key, value)? {
                 break;
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn put(key: &str, value: &str) -> WriteBatch {
+        let mut batch = WriteBatch::new();
+        batch.put(Cf::Raft, key.as_bytes(), value.as_bytes());
+        batch
+    }
+
+    fn get(engine: &MemEngine, key: &str) -> Option<String> {
+        engine
+            .get(Cf::Raft, key.as_bytes())
+            .unwrap()
+            .map(|v| String::from_utf8(v).unwrap())
+    }
+
+    #[test]
+    fn a_crash_loses_the_unsynced_writes_and_keeps_the_synced_ones() {
+        let engine = MemEngine::with_crash_mode();
+        engine.write(&put("a", "1"), true).unwrap();
+        engine.write(&put("b", "1"), false).unwrap();
+        engine.write(&put("a", "2"), false).unwrap();
+        assert_eq!(get(&engine, "a").as_deref(), Some("2"));
+        assert_eq!(engine.unsynced_writes().unwrap(), 2);
+        assert_eq!(engine.crash(0).unwrap(), 2);
+        assert_eq!(get(&engine, "a").as_deref(), Some("1"));
+        assert_eq!(get(&engine, "b"), None);
+        assert_eq!(engine.unsynced_writes().unwrap(), 0);
+    }
+
+    #[test]
+    fn a_synced_write_makes_the_unsynced_writes_before_it_durable() {
+        let engine = MemEngine::with_crash_mode();
+        engine.write(&put("a", "1"), false).unwrap();
+        let mut range = WriteBatch::new();
+        range.delete_range(Cf::Raft, b"a".to_vec(), b"b".to_vec());
+        engine.write(&range, false).unwrap();
+        engine.write(&put("c", "1"), true).unwrap();
+        engine.write(&put("d", "1"), false).unwrap();
+        assert_eq!(engine.crash(0).unwrap(), 1);
+        assert_eq!(get(&engine, "a"), None);
+        assert_eq!(get(&engine, "c").as_deref(), Some("1"));
+        assert_eq!(get(&engine, "d"), None);
+    }
+
+    #[test]
+    fn a_crash_can_keep_the_oldest_unsynced_writes_in_order() {
+        let engine = MemEngine::with_crash_mode();
+        engine.write(&put("a", "1"), false).unwrap();
+        engine.write(&put("a", "2"), false).unwrap();
+        engine.write(&put("b", "1"), false).unwrap();
+        assert_eq!(engine.crash(1).unwrap(), 2);
+        assert_eq!(get(&engine, "a").as_deref(), Some("1"));
+        assert_eq!(get(&engine, "b"), None);
+    }
+
+    #[test]
+    fn without_crash_mode_every_write_survives_a_crash() {
+        let engine = MemEngine::new();
+        engine.write(&put("a", "1"), false).unwrap();
+        assert_eq!(engine.crash(0).unwrap(), 0);
+        assert_eq!(get(&engine, "a").as_deref(), Some("1"));
     }
 }

@@ -10,7 +10,6 @@ use fencelock_api::v1::{
     ListNodesRequest, ListShardsRequest, MoveReplicaRequest, MoveSlots, NodeState, ReplicaRole,
     ReshardRequest, ResumeMigration, SlotRange, SplitShard, TransferLeaderRequest,
 };
-use tonic::transport::Endpoint;
 
 use super::client::{endpoint_url, exit_code};
 use super::json::Object;
@@ -34,6 +33,8 @@ pub struct AdminArgs {
     /// Output format.
     #[arg(long, value_enum, default_value_t = Output::Human, global = true)]
     output: Output,
+    #[command(flatten)]
+    tls: super::TlsArgs,
     #[command(subcommand)]
     command: AdminCommand,
 }
@@ -163,7 +164,14 @@ fn name_of(name: &str, prefix: &str) -> String {
 
 pub async fn run(args: AdminArgs) -> u8 {
     let url = endpoint_url(&args.endpoint);
-    let endpoint = match Endpoint::from_shared(url.clone()) {
+    let tls = match args.tls.peer_tls() {
+        Ok(tls) => tls,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return EXIT_USAGE;
+        }
+    };
+    let endpoint = match tls.endpoint(&url) {
         Ok(e) => e
             .connect_timeout(CONNECT_TIMEOUT)
             .timeout(ADMIN_CALL_TIMEOUT),

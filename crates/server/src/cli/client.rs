@@ -18,7 +18,7 @@ use fencelock_api::v1::{
     RetryPolicy,
 };
 use rand::Rng as _;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 use tonic::Code;
 
 use super::json::Object;
@@ -304,8 +304,13 @@ pub fn endpoint_url(endpoint: &str) -> String {
     }
 }
 
-async fn connect(url: &str, timeout: Duration) -> Result<LockServiceClient<Channel>, Failure> {
-    let endpoint = Endpoint::from_shared(url.to_owned())
+async fn connect(
+    url: &str,
+    timeout: Duration,
+    tls: &fencelock_server::security::PeerTls,
+) -> Result<LockServiceClient<Channel>, Failure> {
+    let endpoint = tls
+        .endpoint(url)
         .map_err(|e| Failure::BadEndpoint(format!("invalid endpoint {url:?}: {e}")))?
         .connect_timeout(CONNECT_TIMEOUT)
         .timeout(timeout);
@@ -380,13 +385,14 @@ where
     F: FnMut(LockServiceClient<Channel>) -> Fut,
     Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
 {
+    let tls = opts.tls.peer_tls().map_err(Failure::BadEndpoint)?;
     let first = endpoint_url(&opts.endpoint);
     let mut url = first.clone();
     let mut hops = 0;
     let mut retries = 0;
     loop {
         let mut unreachable = false;
-        let status = match connect(&url, timeout).await {
+        let status = match connect(&url, timeout, &tls).await {
             Ok(client) => match rpc(client).await {
                 Ok(response) => return Ok(response.into_inner()),
                 Err(status) => status,
@@ -470,6 +476,7 @@ pub fn exit_code(status: &tonic::Status) -> u8 {
             | Reason::WaitTimedOut
             | Reason::QueueFull
             | Reason::TenantWaitersExceeded
+            | Reason::TenantQuotaExceeded
             | Reason::LeaseNotHeld
             | Reason::HoldLimitReached => return EXIT_LOCK,
             _ => {}

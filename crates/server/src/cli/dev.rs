@@ -51,6 +51,75 @@ pub struct DevArgs {
     /// admin-base-port + N - 1. 0 turns the admin ports off.
     #[arg(long, default_value_t = 9101)]
     admin_base_port: u16,
+    #[command(subcommand)]
+    action: Option<DevAction>,
+}
+
+#[derive(Debug, clap::Subcommand)]
+enum DevAction {
+    /// Generate a development CA and node, client and admin certificates
+    /// (PEM; keys written 0600) for a TLS setup: see docs/security.md.
+    Certs(CertsArgs),
+}
+
+#[derive(Debug, Args)]
+struct CertsArgs {
+    /// Directory to write `ca.crt`, `node-N.crt`, `client-<tenant>-<name>.crt`,
+    /// `admin-<name>.crt` and their `.key` files to (created 0700).
+    #[arg(long, value_name = "DIR")]
+    out: PathBuf,
+    /// Node certificates `node-1` ..= `node-N`.
+    #[arg(long = "nodes", default_value_t = 3, value_parser = clap::value_parser!(u64).range(0..=MAX_PEERS as u64))]
+    nodes: u64,
+    /// DNS names and IPs the nodes are dialed by (repeatable).
+    #[arg(long = "host", value_name = "NAME_OR_IP", default_values_t = ["localhost".to_owned(), "127.0.0.1".to_owned()])]
+    hosts: Vec<String>,
+    /// A client certificate for TENANT, named NAME (default `client`);
+    /// repeatable.
+    #[arg(long = "tenant", value_name = "TENANT[:NAME]")]
+    tenants: Vec<String>,
+    /// An admin certificate named NAME (repeatable; default one named `admin`).
+    #[arg(long = "admin", value_name = "NAME", default_values_t = ["admin".to_owned()])]
+    admins: Vec<String>,
+}
+
+/// `fencelock dev certs`.
+fn certs(args: &CertsArgs) -> u8 {
+    use fencelock_server::security::certs::{DevCerts, DevCertsSpec};
+    let tenants = args
+        .tenants
+        .iter()
+        .map(|t| match t.split_once(':') {
+            Some((tenant, name)) => (tenant.to_owned(), name.to_owned()),
+            None => (t.clone(), "client".to_owned()),
+        })
+        .collect();
+    let spec = DevCertsSpec {
+        nodes: args.nodes,
+        hosts: args.hosts.clone(),
+        tenants,
+        admins: args.admins.clone(),
+    };
+    let written = DevCerts::generate(&spec).and_then(|set| {
+        set.write(&args.out)?;
+        Ok(set)
+    });
+    match written {
+        Ok(set) => {
+            for item in &set.issued {
+                println!(
+                    "{}  {}",
+                    args.out.join(format!("{}.crt", item.name)).display(),
+                    args.out.join(format!("{}.key", item.name)).display()
+                );
+            }
+            EXIT_OK
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            EXIT_USAGE
+        }
+    }
 }
 
 /// One node of the planned cluster.
@@ -107,6 +176,11 @@ fn config_text(id: u64, peers: &BTreeMap<u64, String>, shards: u32, admin: Optio
         text.push_str(&format!("  {{ id = {peer}, addr = {} }},\n", quote(addr)));
     }
     text.push_str("]\n");
+    text.push_str(
+        "\n# A local dev cluster: no TLS, every caller may do everything.\n\
+         # See docs/security.md for a TLS setup (`fencelock dev certs`).\n\
+         [tls]\ninsecure = true\n",
+    );
     text
 }
 
@@ -158,6 +232,9 @@ fn prepare(args: &DevArgs) -> Result<(PathBuf, Vec<DevNode>), String> {
 
     let mut nodes = Vec::new();
     for (&id, addr) in &peers {
+        // Data directories of older dev clusters were made with the
+        // default mode; the node now refuses those, and these are ours.
+        restrict_dir(&dir.join(format!("node{id}")))?;
         let config_path = dir.join(format!("node{id}.toml"));
         let admin = admins.get(&id).map(String::as_str);
         std::fs::write(&config_path, config_text(id, &peers, args.shards, admin))
@@ -173,6 +250,20 @@ fn prepare(args: &DevArgs) -> Result<(PathBuf, Vec<DevNode>), String> {
         });
     }
     Ok((dir, nodes))
+}
+
+/// Makes an existing directory private (0700), as a node requires of its
+/// data directory.
+fn restrict_dir(path: &Path) -> Result<(), String> {
+    #[cfg(unix)]
+    if path.is_dir() {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o700))
+            .map_err(|e| format!("cannot chmod 700 {}: {e}", path.display()))?;
+    }
+    #[cfg(not(unix))]
+    let _ = path;
+    Ok(())
 }
 
 /// Refuses ports something else listens on, before any child starts.
@@ -285,6 +376,9 @@ fn describe_exit(status: &std::io::Result<ExitStatus>) -> String {
 }
 
 pub async fn run(args: DevArgs) -> u8 {
+    if let Some(DevAction::Certs(certs_args)) = &args.action {
+        return certs(certs_args);
+    }
     let (dir, nodes) = match prepare(&args) {
         Ok(plan) => plan,
         Err(message) => {
@@ -441,6 +535,7 @@ mod tests {
             shards: 4,
             fresh,
             admin_base_port: 0,
+            action: None,
         }
     }
 

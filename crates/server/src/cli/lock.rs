@@ -69,7 +69,7 @@ Exit codes:
      signal N ended it), after the lease was released
   0  success (the command exited 0)
   1  the lock is held by someone else (LOCK_HELD, WAIT_TIMED_OUT, QUEUE_FULL,
-     TENANT_WAITERS_EXCEEDED); the command did not run
+     TENANT_WAITERS_EXCEEDED, TENANT_QUOTA_EXCEEDED); the command did not run
   2  usage error: bad arguments or a request the server refused as malformed
   3  unavailable: no server reachable, no leader, no quorum, or a deadline
      passed, after retries; the command did not run
@@ -121,6 +121,8 @@ pub struct LockArgs {
     /// Print retries and renewals to stderr.
     #[arg(long, short)]
     verbose: bool,
+    #[command(flatten)]
+    tls: super::TlsArgs,
     /// The command to run, after `--`.
     #[arg(last = true, required = true, value_name = "COMMAND")]
     command: Vec<OsString>,
@@ -180,7 +182,18 @@ pub async fn run(args: LockArgs) -> u8 {
             return EXIT_OTHER;
         }
     };
-    let client = match Client::connect(endpoints(&args), ClientConfig::default()).await {
+    let tls = match args.tls.client_tls() {
+        Ok(tls) => tls,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return EXIT_USAGE;
+        }
+    };
+    let config = ClientConfig {
+        tls,
+        ..ClientConfig::default()
+    };
+    let client = match Client::connect(endpoints(&args), config).await {
         Ok(client) => client,
         Err(e) => {
             eprintln!("error: {e}");

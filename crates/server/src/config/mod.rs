@@ -2,8 +2,9 @@
 //!
 //! A node reads one TOML file (`fencelock serve --config PATH`). Only the
 //! node's identity has no default: `node_id`, `listen_addr`, `data_dir` and
-//! `peers`. Everything else has a default chosen for the design load in the
-//! brief, and every value is range-checked before the node starts: a typo is
+//! `peers`, and the `[tls]` section must either name the TLS files or say
+//! `insecure = true` (development only). Everything else has a default
+//! chosen for the design load in the brief, and every value is range-checked before the node starts: a typo is
 //! refused (`deny_unknown_fields`) and a bad value is refused with the
 //! dotted key (`raft.election_ticks`) and the allowed range, never clamped.
 //!
@@ -22,6 +23,11 @@
 //!
 //! [lock]
 //! default_lease_ttl_ms = 30000
+//!
+//! [tls]
+//! ca_file = "/etc/fencelock/tls/ca.crt"
+//! cert_file = "/etc/fencelock/tls/node-1.crt"
+//! key_file = "/etc/fencelock/tls/node-1.key"
 //! ```
 //!
 //! The `[lock]` section must be identical on every node: the limits are
@@ -36,11 +42,13 @@
 
 mod ops;
 pub mod overrides;
+mod security;
 
 pub use ops::{
     AuditConfig, AuditTargetKind, LogConfig, LogFormat, ShutdownConfig, MAX_DRAIN_TIMEOUT_MS,
 };
 pub use overrides::Override;
+pub use security::{EdgeConfig, TlsConfig, MAX_MESSAGE_BYTES_LIMIT, MIN_MESSAGE_BYTES};
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Display;
@@ -61,6 +69,9 @@ pub const MAX_SHARDS: u32 = 256;
 /// Largest config file read, in bytes. A config is a few kilobytes; anything
 /// near this is the wrong file.
 pub const MAX_CONFIG_FILE_BYTES: u64 = 1 << 20;
+/// Longest group-commit window, in µs. Beyond a few milliseconds the wait
+/// costs more commit latency than the fsyncs it saves.
+pub const MAX_GROUP_COMMIT_WINDOW_US: u64 = 20_000;
 
 /// One node's configuration. Build it with [`NodeConfig::load`],
 /// [`NodeConfig::from_toml_str`] (both validate) or [`NodeConfig::for_test`];
@@ -121,6 +132,13 @@ pub struct NodeConfig {
     /// Graceful shutdown bounds.
     #[serde(default)]
     pub shutdown: ShutdownConfig,
+    /// Mutual TLS, or explicitly none (`insecure = true`, development).
+    #[serde(default)]
+    pub tls: TlsConfig,
+    /// Limits on what callers can make the node do: message sizes,
+    /// streams, connections, per-tenant request rate.
+    #[serde(default)]
+    pub edge: EdgeConfig,
 }
 
 /// One member of the initial cluster.
@@ -163,6 +181,12 @@ pub struct RaftConfig {
     /// 0..=60000 ms (default 500). A new leader extends every inherited lease
     /// by this much once (see `docs/safety.md`, assumption A1).
     pub clock_offset_allowance_ms: u64,
+    /// Group commit: when the store loop's previous synced write finished
+    /// less than this long ago, it waits up to the rest of it for more
+    /// requests and peer messages to share the next one, 0..=20000 µs
+    /// (default 2000; 0 disables). Bounds a busy node's fsyncs to about
+    /// one per window; an idle node answers at once.
+    pub group_commit_window_us: u64,
 }
 
 impl Default for RaftConfig {
@@ -177,6 +201,7 @@ impl Default for RaftConfig {
             store_queue_depth: 65_536,
             peer_queue_depth: 8_192,
             clock_offset_allowance_ms: 500,
+            group_commit_window_us: 2_000,
         }
     }
 }
@@ -195,6 +220,11 @@ impl RaftConfig {
     /// How long a request waits for its proposal to be applied.
     pub fn proposal_timeout(&self) -> Duration {
         Duration::from_millis(self.proposal_timeout_ms)
+    }
+
+    /// The group-commit window (zero: none).
+    pub fn group_commit_window(&self) -> Duration {
+        Duration::from_micros(self.group_commit_window_us)
     }
 }
 
@@ -218,6 +248,8 @@ pub struct LockConfig {
     pub max_waiters_per_resource: u32,
     /// See [`Limits::max_waiters_per_tenant`].
     pub max_waiters_per_tenant: u32,
+    /// See [`Limits::max_held_per_tenant`].
+    pub max_held_per_tenant: u32,
     /// See [`Limits::dedup_retention_ms`].
     pub dedup_retention_ms: u64,
     /// See [`Limits::max_dedup_entries`].
@@ -237,6 +269,7 @@ impl Default for LockConfig {
             max_hold_ms,
             max_waiters_per_resource,
             max_waiters_per_tenant,
+            max_held_per_tenant,
             dedup_retention_ms,
             max_dedup_entries,
             max_records,
@@ -250,6 +283,7 @@ impl Default for LockConfig {
             max_hold_ms,
             max_waiters_per_resource,
             max_waiters_per_tenant,
+            max_held_per_tenant,
             dedup_retention_ms,
             max_dedup_entries,
             max_records,
@@ -268,6 +302,7 @@ impl LockConfig {
             max_hold_ms: self.max_hold_ms,
             max_waiters_per_resource: self.max_waiters_per_resource,
             max_waiters_per_tenant: self.max_waiters_per_tenant,
+            max_held_per_tenant: self.max_held_per_tenant,
             dedup_retention_ms: self.dedup_retention_ms,
             max_dedup_entries: self.max_dedup_entries,
             max_records: self.max_records,
@@ -427,9 +462,16 @@ impl NodeConfig {
         let config = if overrides.is_empty() {
             // Straight from the text: errors point at the offending line.
             let mut config = parse(&text, Some(path))?;
-            for p in [Some(&mut config.data_dir), config.audit.path.as_mut()]
-                .into_iter()
-                .flatten()
+            let tls = &mut config.tls;
+            for p in [
+                Some(&mut config.data_dir),
+                config.audit.path.as_mut(),
+                tls.ca_file.as_mut(),
+                tls.cert_file.as_mut(),
+                tls.key_file.as_mut(),
+            ]
+            .into_iter()
+            .flatten()
             {
                 if p.is_relative() && !p.as_os_str().is_empty() {
                     *p = base.join(&*p);
@@ -467,6 +509,9 @@ impl NodeConfig {
             .map_err(|e: toml::de::Error| parse_error(e.to_string().trim_end().to_owned()))?;
         resolve_relative(&mut table, "data_dir", None, base);
         resolve_relative(&mut table, "path", Some("audit"), base);
+        for key in ["ca_file", "cert_file", "key_file"] {
+            resolve_relative(&mut table, key, Some("tls"), base);
+        }
         overrides::apply(&mut table, overrides)?;
         toml::Value::Table(table)
             .try_into()
@@ -490,7 +535,9 @@ impl NodeConfig {
         self.validate_lock()?;
         self.log.validate()?;
         self.audit.validate()?;
-        self.shutdown.validate()
+        self.shutdown.validate()?;
+        self.tls.validate()?;
+        self.edge.validate()
     }
 
     /// Where the audit log goes.
@@ -651,6 +698,12 @@ impl NodeConfig {
             r.clock_offset_allowance_ms,
             0,
             MAX_CLOCK_OFFSET_ALLOWANCE_MS,
+        )?;
+        check_range(
+            "raft.group_commit_window_us",
+            r.group_commit_window_us,
+            0,
+            MAX_GROUP_COMMIT_WINDOW_US,
         )
     }
 
@@ -693,6 +746,12 @@ impl NodeConfig {
             l.max_waiters_per_tenant,
             1,
             10_000_000,
+        )?;
+        check_range(
+            "lock.max_held_per_tenant",
+            l.max_held_per_tenant,
+            1,
+            100_000_000,
         )?;
         check_range("lock.dedup_retention_ms", l.dedup_retention_ms, 0, DAY_MS)?;
         check_range(
@@ -788,6 +847,7 @@ impl NodeConfig {
                 store_queue_depth: 8_192,
                 peer_queue_depth: 1_024,
                 clock_offset_allowance_ms: 100,
+                group_commit_window_us: RaftConfig::default().group_commit_window_us,
             },
             lock: LockConfig::default(),
             log: LogConfig::default(),
@@ -796,6 +856,12 @@ impl NodeConfig {
             shutdown: ShutdownConfig {
                 drain_timeout_ms: 5_000,
             },
+            // In-process tests run without TLS (tests/security.rs covers it).
+            tls: TlsConfig {
+                insecure: true,
+                ..TlsConfig::default()
+            },
+            edge: EdgeConfig::default(),
         };
         if let Err(e) = config.validate() {
             panic!("for_test: the test config does not validate: {e}");

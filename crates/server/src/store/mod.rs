@@ -18,22 +18,34 @@
 //! Replies come from apply: a request is answered only after its entry was
 //! committed by a majority and applied. Waiting acquires stay registered
 //! until an event from a later apply (grant, timeout, cancel) ends them.
+//!
+//! All I/O goes through the seams in [`io`]: the engine, where Raft messages
+//! go ([`PeerSink`]) and the time ([`Clock`]). [`Store::run`] is the
+//! event-driven loop production uses; it hands each iteration's input to
+//! [`Store::step`], which a deterministic simulation calls directly
+//! (docs/testing.md, "Deterministic simulation").
 
 mod hot;
+mod io;
 mod observe;
 mod payload;
+#[cfg(feature = "simulation")]
+mod sim;
 
 pub use hot::{HotEntry, HOT_REPORTED_PER_SHARD};
+pub use io::{Clock, PeerSink, StoreIo, SystemClock};
 pub use observe::Observers;
 pub use payload::{decode_payload, decode_state, encode_payload, encode_state, Payload};
+#[cfg(feature = "simulation")]
+pub use sim::SimFault;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender};
 use fencelock_placement::{PlacementCommand, PlacementMap, PlacementReply, META_SHARD_ID};
-use fencelock_raftstore::{RocksEngine, ShardStorage, WriteBatch};
+use fencelock_raftstore::{Engine, RocksEngine, ShardStorage, WriteBatch};
 use fencelock_statemachine::{
     slot_of, AcquireReply, AcquireStatus, ApplyContext, Command, Event, LeaseId, LockError,
     LockTable, LockView, Reply, ResourceName, SlotSet, WaitEnd,
@@ -50,6 +62,13 @@ use crate::transport::{Envelope, Transport};
 /// Requests and messages drained per loop iteration before proposing: bounds
 /// the latency one iteration adds while still batching under load.
 const MAX_MSGS_PER_ITERATION: usize = 4_096;
+/// Raft ticks a leader waits for a replica to take a snapshot it was sent
+/// before sending it again. raft-rs holds a replica in its "snapshot"
+/// state, sending it nothing, until the snapshot is reported done or
+/// failed; a snapshot message lost on the way (the transport dropped it,
+/// or it reached a node that had not created the replica yet) would
+/// otherwise stall that replica forever.
+const SNAPSHOT_RESEND_TICKS: u32 = 30;
 /// Entries kept in the log behind the latest snapshot (at most half the
 /// snapshot interval), so a follower that is only a little behind catches up
 /// from the log rather than by snapshot.
@@ -203,23 +222,21 @@ struct LeaderClock {
 }
 
 impl LeaderClock {
-    fn now_ms(&self) -> u64 {
-        self.wall_ms_at_start + self.started.elapsed().as_millis() as u64
+    /// Lease time at monotonic instant `now`.
+    fn now_ms(&self, now: Instant) -> u64 {
+        self.wall_ms_at_start + now.saturating_duration_since(self.started).as_millis() as u64
     }
 }
 
 /// This node's wall clock, in ms since the Unix epoch.
 pub fn wall_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
+    SystemClock.wall_ms()
 }
 
 /// One shard replica on this node.
 struct Peer {
     shard_id: u64,
-    raw: RawNode<ShardStorage<RocksEngine>>,
+    raw: RawNode<ShardStorage<dyn Engine>>,
     table: LockTable,
     /// The placement map, on replicas of the meta shard only.
     placement: Option<PlacementMap>,
@@ -245,6 +262,9 @@ struct Peer {
     leaderless_since: Option<Instant>,
     /// The hottest resources, counted while this replica leads.
     hot: hot::HotCounter,
+    /// Leader: ticks each replica has spent waiting for a snapshot
+    /// (see [`SNAPSHOT_RESEND_TICKS`]).
+    snapshot_wait_ticks: BTreeMap<u64, u32>,
 }
 
 impl Peer {
@@ -252,19 +272,26 @@ impl Peer {
         self.raw.raft.state == StateRole::Leader
     }
 
-    /// Remembers who waits for the entry proposed with context `id`.
-    fn track(&mut self, id: u64, responders: Vec<Responder>) {
-        self.track_commands(id, responders, Vec::new());
+    /// Remembers who waits for the entry proposed with context `id` at
+    /// `now`.
+    fn track(&mut self, id: u64, responders: Vec<Responder>, now: Instant) {
+        self.track_commands(id, responders, Vec::new(), now);
     }
 
     /// [`Peer::track`] for lock commands, with who asked for each.
-    fn track_commands(&mut self, id: u64, responders: Vec<Responder>, callers: Vec<Caller>) {
+    fn track_commands(
+        &mut self,
+        id: u64,
+        responders: Vec<Responder>,
+        callers: Vec<Caller>,
+        now: Instant,
+    ) {
         let term = self.raw.raft.term;
         self.pending.insert(
             id,
             Pending {
                 term,
-                proposed_at: Instant::now(),
+                proposed_at: now,
                 responders,
                 callers,
             },
@@ -307,9 +334,13 @@ pub struct Store {
     node_id: u64,
     router: Arc<Router>,
     config: NodeConfig,
-    engine: Arc<RocksEngine>,
+    engine: Arc<dyn Engine>,
     peers: BTreeMap<u64, Peer>,
-    transport: Arc<Transport>,
+    transport: Arc<dyn PeerSink>,
+    /// Wall and monotonic time (the system clock in production).
+    time: Arc<dyn Clock>,
+    /// See [`StoreIo::fixed_election_timeout`].
+    fixed_election_timeout: bool,
     inbox: Receiver<StoreMsg>,
     next_id: u64,
     status: Arc<std::sync::Mutex<Vec<ShardStatus>>>,
@@ -318,15 +349,17 @@ pub struct Store {
     deferred: WriteBatch,
     /// Metrics (thread-local, flushed per tick) and the audit sink.
     obs: Observers,
+    /// A deliberate bug, armed only by the simulation's broken-variant test.
+    #[cfg(feature = "simulation")]
+    sim_fault: Option<SimFault>,
 }
 
 /// The store's side of the channel pair: requests come in here.
 pub type StoreSender = Sender<StoreMsg>;
 
 impl Store {
-    /// Opens every shard replica on this node; a fresh node of the initial
-    /// cluster bootstraps them (see [`bootstrap_batch`]), a fresh node with
-    /// `join = true` starts with none.
+    /// Opens every shard replica on this node over RocksDB, the gRPC
+    /// transport and the system clock: [`Store::open_with`] in production.
     pub fn open(
         config: NodeConfig,
         engine: Arc<RocksEngine>,
@@ -336,7 +369,33 @@ impl Store {
         router: Arc<Router>,
         obs: Observers,
     ) -> Result<Store, ServerError> {
-        use fencelock_raftstore::{meta, Engine};
+        let io = StoreIo {
+            engine,
+            sink: transport,
+            clock: Arc::new(SystemClock),
+            fixed_election_timeout: false,
+        };
+        Store::open_with(config, io, inbox, status, router, obs)
+    }
+
+    /// Opens every shard replica on this node; a fresh node of the initial
+    /// cluster bootstraps them (see [`bootstrap_batch`]), a fresh node with
+    /// `join = true` starts with none.
+    pub fn open_with(
+        config: NodeConfig,
+        io: StoreIo,
+        inbox: Receiver<StoreMsg>,
+        status: Arc<std::sync::Mutex<Vec<ShardStatus>>>,
+        router: Arc<Router>,
+        obs: Observers,
+    ) -> Result<Store, ServerError> {
+        use fencelock_raftstore::meta;
+        let StoreIo {
+            engine,
+            sink,
+            clock,
+            fixed_election_timeout,
+        } = io;
         let storage_err = |e: fencelock_raftstore::Error| ServerError::Storage(e.to_string());
         let node_id = config.node_id;
         let ident = meta::load_ident(engine.as_ref()).map_err(storage_err)?;
@@ -402,12 +461,16 @@ impl Store {
             config,
             engine,
             peers: BTreeMap::new(),
-            transport,
+            transport: sink,
+            time: clock,
+            fixed_election_timeout,
             inbox,
             next_id: 1,
             status,
             deferred: WriteBatch::new(),
             obs,
+            #[cfg(feature = "simulation")]
+            sim_fault: None,
         };
         for shard_id in shards {
             let storage =
@@ -424,7 +487,7 @@ impl Store {
     fn add_peer(
         &mut self,
         shard_id: u64,
-        storage: ShardStorage<RocksEngine>,
+        storage: ShardStorage<dyn Engine>,
     ) -> Result<(), ServerError> {
         let storage_err = |e: fencelock_raftstore::Error| ServerError::Storage(e.to_string());
         let (table, placement, applied, applied_term) = match storage.state_machine_snapshot() {
@@ -448,6 +511,12 @@ impl Store {
             election_tick: self.config.raft.election_ticks as usize,
             heartbeat_tick: self.config.raft.heartbeat_ticks as usize,
             applied,
+            // [election_ticks, election_ticks + 1): always election_ticks.
+            max_election_tick: if self.fixed_election_timeout {
+                self.config.raft.election_ticks as usize + 1
+            } else {
+                0
+            },
             check_quorum: true,
             pre_vote: true,
             max_size_per_msg: 1 << 20,
@@ -478,69 +547,127 @@ impl Store {
                 last_snapshot_index: applied,
                 snapshots_installed: 0,
                 leaderless_since: None,
-                hot: hot::HotCounter::new(Instant::now()),
+                hot: hot::HotCounter::new(self.time.now()),
+                snapshot_wait_ticks: BTreeMap::new(),
             },
         );
         Ok(())
     }
 
-    /// Runs until a `Shutdown` message or until every sender is gone.
+    /// Runs until a `Shutdown` message or until every sender is gone:
+    /// blocks on the inbox and the Raft ticker, drains what else is queued
+    /// (bounded), and hands it all to one [`Store::step`].
     pub fn run(mut self) {
         let ticker =
             crossbeam_channel::tick(Duration::from_millis(self.config.raft.tick_interval_ms));
+        let window = self.config.raft.group_commit_window();
+        let mut msgs = Vec::new();
+        // When the previous iteration (and so its synced write) ended.
+        let mut last_step_end = std::time::Instant::now();
         loop {
             let mut ticked = false;
             crossbeam_channel::select! {
                 recv(self.inbox) -> msg => match msg {
                     Ok(StoreMsg::Shutdown) | Err(_) => break,
-                    Ok(msg) => self.handle(msg),
+                    Ok(msg) => msgs.push(msg),
                 },
                 recv(ticker) -> _ => ticked = true,
             }
-            let mut drained = 0;
             let mut stop = false;
-            while drained < MAX_MSGS_PER_ITERATION {
+            // Group commit: an iteration that starts moments after the
+            // previous one ended would sync a write carrying little. Under
+            // load, wait (blocking on the inbox, not polling) until the
+            // window since that write has passed, so each fsync carries
+            // the requests and peer appends of the whole window. An idle
+            // node is past the window already and does not wait.
+            let deadline = last_step_end + window;
+            while !ticked && msgs.len() < MAX_MSGS_PER_ITERATION {
+                match self.inbox.recv_deadline(deadline) {
+                    Ok(StoreMsg::Shutdown) => {
+                        stop = true;
+                        break;
+                    }
+                    Ok(msg) => msgs.push(msg),
+                    Err(_) => break,
+                }
+            }
+            let mut drained = 0;
+            while !stop && drained < MAX_MSGS_PER_ITERATION {
                 match self.inbox.try_recv() {
                     Ok(StoreMsg::Shutdown) => {
                         stop = true;
                         break;
                     }
-                    Ok(msg) => self.handle(msg),
+                    Ok(msg) => msgs.push(msg),
                     Err(_) => break,
                 }
                 drained += 1;
             }
-            if ticked {
-                self.on_tick();
-            }
-            // Two rounds: a round can make a shard leader (it then proposes
-            // its LeaderChanged entry) or produce follow-up work.
-            for _ in 0..2 {
-                self.flush_proposals();
-                if !self.process_readies() {
-                    break;
-                }
-            }
-            self.publish_map();
-            // Status is for observers (tests, admin views): once per Raft
-            // tick is fresh enough and keeps the lock off the busy path.
-            if ticked {
-                self.publish_status();
-                self.obs.metrics.flush();
-            }
+            self.step(msgs.drain(..), ticked);
+            last_step_end = std::time::Instant::now();
             if stop {
                 break;
             }
         }
-        // Flush: the deferred, unsynced writes (commit index, applied
-        // index, snapshots) go to disk before the database closes, so a
-        // clean restart replays nothing it had already applied.
+        self.close();
+    }
+
+    /// One iteration of the store loop: handles `msgs` in order, then, if
+    /// `tick`, one Raft tick of every shard (timeouts, due lease expiry);
+    /// then proposes, persists with one synced write, sends, applies and
+    /// answers. [`Store::run`] calls it as events arrive; a simulation calls
+    /// it directly and so decides when ticks happen. A `Shutdown` among
+    /// `msgs` is ignored (stopping is the caller's decision).
+    pub fn step(&mut self, msgs: impl IntoIterator<Item = StoreMsg>, tick: bool) {
+        for msg in msgs {
+            self.handle(msg);
+        }
+        if tick {
+            self.on_tick();
+        }
+        // Two rounds: a round can make a shard leader (it then proposes
+        // its LeaderChanged entry) or produce follow-up work.
+        for _ in 0..2 {
+            self.flush_proposals();
+            if !self.process_readies() {
+                break;
+            }
+        }
+        self.publish_map();
+        // Status is for observers (tests, admin views): once per Raft
+        // tick is fresh enough and keeps the lock off the busy path.
+        if tick {
+            self.publish_status();
+            self.obs.metrics.flush();
+        }
+    }
+
+    /// A clean stop: the deferred, unsynced writes (commit index, applied
+    /// index, snapshots) go to disk before the database closes, so a clean
+    /// restart replays nothing it had already applied; everyone still
+    /// waiting is told the node is shutting down. (Dropping a `Store`
+    /// without this is what a crash looks like.)
+    pub fn close(mut self) {
         let deferred = std::mem::take(&mut self.deferred);
         if !deferred.is_empty() {
             self.write_or_die(&deferred, true);
         }
         self.obs.metrics.flush();
         self.fail_everything(|_| ServerError::ShuttingDown);
+    }
+
+    /// The node this store runs on.
+    pub fn node_id(&self) -> u64 {
+        self.node_id
+    }
+
+    /// The clock-offset allowance a new leader's `LeaderChanged` carries.
+    fn leader_changed_allowance_ms(&self) -> u64 {
+        #[cfg(feature = "simulation")]
+        if self.sim_fault == Some(SimFault::SkipLeaseExtension) {
+            return 0;
+        }
+        self.config.raft.clock_offset_allowance_ms
     }
 
     fn handle(&mut self, msg: StoreMsg) {
@@ -560,6 +687,7 @@ impl Store {
                 tx,
             } => {
                 let id = self.next_proposal_id();
+                let now = self.time.now();
                 let peer = match self.ready_peer(shard_id) {
                     Ok(peer) => peer,
                     Err(e) => {
@@ -573,7 +701,7 @@ impl Store {
                     PendingRead {
                         resource,
                         tx,
-                        asked_at: Instant::now(),
+                        asked_at: now,
                         index: None,
                     },
                 );
@@ -594,6 +722,7 @@ impl Store {
                 tx,
             } => {
                 let id = self.next_proposal_id();
+                let now = self.time.now();
                 let peer = match self.ready_peer(shard_id) {
                     Ok(peer) => peer,
                     Err(e) => {
@@ -609,7 +738,7 @@ impl Store {
                 });
                 cc.node_id = node_id;
                 match peer.raw.propose_conf_change(id.to_be_bytes().to_vec(), cc) {
-                    Ok(()) => peer.track(id, vec![Responder::Done(tx)]),
+                    Ok(()) => peer.track(id, vec![Responder::Done(tx)], now),
                     Err(e) => {
                         let _ = tx.send(Err(ServerError::Internal(format!(
                             "configuration change refused: {e}"
@@ -727,6 +856,9 @@ impl Store {
         if map.version() <= self.router.map_version() {
             return;
         }
+        // The transport learns the map's nodes here (a simulation's sink has
+        // no router listener) and through the router's listener when
+        // another path offered the map first.
         for node in map.nodes() {
             self.transport.add_peer(node.node_id, &node.addr);
         }
@@ -772,15 +904,18 @@ impl Store {
 
     fn on_tick(&mut self) {
         let timeout = Duration::from_millis(self.config.raft.proposal_timeout_ms);
+        let now = self.time.now();
+        let older = |at: Instant| now.saturating_duration_since(at) > timeout;
         let mut ticks = Vec::new();
         for peer in self.peers.values_mut() {
             peer.raw.tick();
+            resend_lost_snapshots(peer);
             // Requests that did not commit in time: the entry may still
             // commit later, so the outcome is unknown (retry by requestId).
             let expired: Vec<u64> = peer
                 .pending
                 .iter()
-                .filter(|(_, p)| p.proposed_at.elapsed() > timeout)
+                .filter(|(_, p)| older(p.proposed_at))
                 .map(|(id, _)| *id)
                 .collect();
             for id in expired {
@@ -801,7 +936,7 @@ impl Store {
             let stale_reads: Vec<u64> = peer
                 .reads
                 .iter()
-                .filter(|(_, r)| r.asked_at.elapsed() > timeout)
+                .filter(|(_, r)| older(r.asked_at))
                 .map(|(id, _)| *id)
                 .collect();
             for id in stale_reads {
@@ -812,12 +947,15 @@ impl Store {
                 }
             }
             // A waiting caller that went away: remove its waiter through Raft.
-            let gone: Vec<LeaseId> = peer
+            // Sorted: the cancels' order in the log must not depend on hash
+            // order (a seeded simulation replays it exactly).
+            let mut gone: Vec<LeaseId> = peer
                 .waiting
                 .iter()
                 .filter(|(_, w)| w.tx.is_closed())
                 .map(|(l, _)| *l)
                 .collect();
+            gone.sort_unstable();
             for lease_id in gone {
                 if let Some(w) = peer.waiting.remove(&lease_id) {
                     if peer.is_ready_leader() {
@@ -834,15 +972,13 @@ impl Store {
             }
             if peer.is_leader()
                 && !peer.is_ready_leader()
-                && peer
-                    .leader_changed_at
-                    .is_none_or(|at| at.elapsed() > timeout)
+                && peer.leader_changed_at.is_none_or(older)
             {
                 peer.needs_leader_changed = true;
             }
             if peer.is_ready_leader() && peer.tick_in_flight.is_none() {
-                let now = peer.clock.map(|c| c.now_ms()).unwrap_or(0);
-                if peer.table.next_due_ms().is_some_and(|due| due <= now) {
+                let now_ms = peer.clock.map(|c| c.now_ms(now)).unwrap_or(0);
+                if peer.table.next_due_ms().is_some_and(|due| due <= now_ms) {
                     ticks.push(peer.shard_id);
                 }
             }
@@ -851,7 +987,6 @@ impl Store {
             let peer = self.peers.get_mut(&shard_id).expect("listed above");
             peer.queued.push((Command::Tick, Responder::None, None));
         }
-        let now = Instant::now();
         for peer in self.peers.values_mut() {
             peer.hot.decay(now);
         }
@@ -860,7 +995,9 @@ impl Store {
     /// Proposes each shard's queued commands as few entries.
     fn flush_proposals(&mut self) {
         let max = self.config.raft.max_commands_per_entry as usize;
-        let allowance = self.config.raft.clock_offset_allowance_ms;
+        let allowance = self.leader_changed_allowance_ms();
+        let now = self.time.now();
+        let wall_ms = self.time.wall_ms();
         let shard_ids: Vec<u64> = self.peers.keys().copied().collect();
         for shard_id in shard_ids {
             let needs_lc = {
@@ -870,14 +1007,14 @@ impl Store {
             if needs_lc {
                 let id = self.next_proposal_id();
                 let peer = self.peers.get_mut(&shard_id).expect("listed");
-                let now = peer.clock.map(|c| c.now_ms()).unwrap_or_else(wall_ms);
+                let now_ms = peer.clock.map(|c| c.now_ms(now)).unwrap_or(wall_ms);
                 let cmd = Command::LeaderChanged {
                     clock_offset_allowance_ms: allowance,
                 };
-                let data = encode_payload(now, std::slice::from_ref(&cmd));
+                let data = encode_payload(now_ms, std::slice::from_ref(&cmd));
                 if peer.raw.propose(id.to_be_bytes().to_vec(), data).is_ok() {
-                    peer.leader_changed_at = Some(Instant::now());
-                    peer.track(id, vec![Responder::None]);
+                    peer.leader_changed_at = Some(now);
+                    peer.track(id, vec![Responder::None], now);
                 }
             }
             loop {
@@ -905,14 +1042,14 @@ impl Store {
                     callers.push(caller);
                 }
                 let is_tick = commands.iter().any(|c| matches!(c, Command::Tick));
-                let data = encode_payload(clock.now_ms(), &commands);
+                let data = encode_payload(clock.now_ms(now), &commands);
                 match peer.raw.propose(id.to_be_bytes().to_vec(), data) {
                     Ok(()) => {
                         if is_tick {
                             peer.tick_in_flight = Some(id);
                         }
                         self.obs.metrics.commands_since_sync += commands.len() as u64;
-                        peer.track_commands(id, responders, callers);
+                        peer.track_commands(id, responders, callers, now);
                     }
                     Err(_) => {
                         for r in responders {
@@ -934,11 +1071,11 @@ impl Store {
                 }
                 continue;
             };
-            let data = payload::encode_placement_payload(clock.now_ms(), &commands);
+            let data = payload::encode_placement_payload(clock.now_ms(now), &commands);
             let id = self.next_proposal_id();
             let peer = self.peers.get_mut(&shard_id).expect("listed");
             match peer.raw.propose(id.to_be_bytes().to_vec(), data) {
-                Ok(()) => peer.track(id, responders),
+                Ok(()) => peer.track(id, responders, now),
                 Err(_) => {
                     for r in responders {
                         respond_err(r, ServerError::LeaderUnknown { shard_id });
@@ -953,7 +1090,7 @@ impl Store {
     fn process_readies(&mut self) -> bool {
         let mut batch = std::mem::take(&mut self.deferred);
         let mut readies = Vec::new();
-        let mut outbox: HashMap<u64, Vec<Envelope>> = HashMap::new();
+        let mut outbox: BTreeMap<u64, Vec<Envelope>> = BTreeMap::new();
         let mut failed = false;
         let mut entries_staged = 0u64;
         let mut snapshots_sent = 0u64;
@@ -967,7 +1104,7 @@ impl Store {
                 if role == StateRole::Leader && peer.clock.is_none() {
                     self.obs.metrics.leader_changes.inc();
                 }
-                on_role_change(peer, role);
+                on_role_change(peer, role, self.time.as_ref());
             }
             entries_staged += rd.entries().len() as u64;
             // A leader may send before persisting (Raft thesis 10.2.1).
@@ -994,7 +1131,7 @@ impl Store {
                     r.index = Some(rs.index);
                 }
             }
-            readies.push((*shard_id, rd, snapshot_data, Instant::now()));
+            readies.push((*shard_id, rd, snapshot_data, self.time.now()));
         }
         if readies.is_empty() {
             if !batch.is_empty() {
@@ -1011,7 +1148,7 @@ impl Store {
             // from the durable state.
             panic!("fencelock: staging a Raft ready failed; stopping the node");
         }
-        let synced_at = Instant::now();
+        let synced_at = self.time.now();
         // Failpoints (feature `failpoints`, docs/testing.md): a slow disk on
         // a leader, and a crash (abort: no unwinding, like SIGKILL) with
         // entries durable but nothing sent, applied or answered.
@@ -1021,17 +1158,23 @@ impl Store {
         self.write_or_die(&batch, true);
         fail::fail_point!("store::after_persist", |_| std::process::abort());
         let m = &mut self.obs.metrics;
-        m.fsync_seconds.observe(synced_at.elapsed().as_secs_f64());
+        m.fsync_seconds.observe(
+            self.time
+                .now()
+                .saturating_duration_since(synced_at)
+                .as_secs_f64(),
+        );
         m.fsync_entries.observe(entries_staged as f64);
         m.fsync_commands
             .observe(std::mem::take(&mut m.commands_since_sync) as f64);
         self.send_outbox(outbox);
-        let mut outbox: HashMap<u64, Vec<Envelope>> = HashMap::new();
+        let mut outbox: BTreeMap<u64, Vec<Envelope>> = BTreeMap::new();
         for (shard_id, mut rd, snapshot, committed_at) in readies {
             let peer = self.peers.get_mut(&shard_id).expect("listed");
             let mut obs = observe::ApplyObs {
                 metrics: &mut self.obs.metrics,
                 audit: &self.obs.audit,
+                clock: self.time.as_ref(),
                 committed_at,
             };
             peer.raw.mut_store().on_persisted();
@@ -1068,7 +1211,7 @@ impl Store {
             }
             snapshots_sent += queue_messages(&mut outbox, shard_id, light.take_messages());
             // Entries the light ready commits were learned just now.
-            obs.committed_at = Instant::now();
+            obs.committed_at = self.time.now();
             apply_entries(
                 peer,
                 light.take_committed_entries(),
@@ -1109,7 +1252,6 @@ impl Store {
     }
 
     fn write_or_die(&self, batch: &WriteBatch, sync: bool) {
-        use fencelock_raftstore::Engine;
         if let Err(e) = self.engine.write(batch, sync) {
             // A failed fsync leaves the disk in an unknown state: the only
             // safe reaction is to stop (the PostgreSQL fsync lesson).
@@ -1117,14 +1259,14 @@ impl Store {
         }
     }
 
-    fn send_outbox(&self, outbox: HashMap<u64, Vec<Envelope>>) {
+    fn send_outbox(&self, outbox: BTreeMap<u64, Vec<Envelope>>) {
         for (to, envelopes) in outbox {
             self.transport.send(to, envelopes);
         }
     }
 
     fn publish_status(&mut self) {
-        let now = Instant::now();
+        let now = self.time.now();
         for p in self.peers.values_mut() {
             if p.raw.raft.leader_id == 0 {
                 p.leaderless_since.get_or_insert(now);
@@ -1201,9 +1343,39 @@ fn fail_peer(peer: &mut Peer, e: ServerError) {
     }
 }
 
+/// Leader: a replica that has waited [`SNAPSHOT_RESEND_TICKS`] for a
+/// snapshot is reported as failed to take it, so raft-rs probes it again
+/// and sends a snapshot anew. A replica that did take it answered long
+/// before and is out of the snapshot state already; one that is slow to
+/// install gets a duplicate, which it ignores.
+fn resend_lost_snapshots(peer: &mut Peer) {
+    if peer.raw.raft.state != StateRole::Leader {
+        peer.snapshot_wait_ticks.clear();
+        return;
+    }
+    let waiting: Vec<u64> = peer
+        .raw
+        .raft
+        .prs()
+        .iter()
+        .filter(|(_, pr)| pr.state == raft::ProgressState::Snapshot)
+        .map(|(id, _)| *id)
+        .collect();
+    peer.snapshot_wait_ticks
+        .retain(|id, _| waiting.contains(id));
+    for id in waiting {
+        let ticks = peer.snapshot_wait_ticks.entry(id).or_insert(0);
+        *ticks += 1;
+        if *ticks >= SNAPSHOT_RESEND_TICKS {
+            *ticks = 0;
+            peer.raw.report_snapshot(id, raft::SnapshotStatus::Failure);
+        }
+    }
+}
+
 /// Puts `msgs` in `outbox` by destination; returns how many are snapshots.
 fn queue_messages(
-    outbox: &mut HashMap<u64, Vec<Envelope>>,
+    outbox: &mut BTreeMap<u64, Vec<Envelope>>,
     shard_id: u64,
     msgs: Vec<Message>,
 ) -> u64 {
@@ -1220,14 +1392,14 @@ fn queue_messages(
     snapshots
 }
 
-fn on_role_change(peer: &mut Peer, role: StateRole) {
+fn on_role_change(peer: &mut Peer, role: StateRole, time: &dyn Clock) {
     if role == StateRole::Leader {
         // Lease time continues from the highest stamp in the log, never
         // earlier, even if this node's wall clock is behind.
-        let start = wall_ms().max(peer.table.clock_ms());
+        let start = time.wall_ms().max(peer.table.clock_ms());
         peer.clock = Some(LeaderClock {
             wall_ms_at_start: start,
-            started: Instant::now(),
+            started: time.now(),
         });
         peer.needs_leader_changed = true;
         return;
@@ -1340,9 +1512,12 @@ fn apply_entries(
             let responder = responders.next().unwrap_or(Responder::None);
             respond(peer, responder, outcome.reply, caller);
         }
-        obs.metrics
-            .commit_apply_seconds
-            .observe(obs.committed_at.elapsed().as_secs_f64());
+        obs.metrics.commit_apply_seconds.observe(
+            obs.clock
+                .now()
+                .saturating_duration_since(obs.committed_at)
+                .as_secs_f64(),
+        );
     }
 }
 
@@ -1645,13 +1820,13 @@ fn bootstrap_table(
 /// bootstrap snapshot (identical bytes on every initial replica). Call
 /// `on_persisted` on the returned storage after the batch is written.
 fn bootstrap_batch(
-    engine: &Arc<RocksEngine>,
+    engine: &Arc<dyn Engine>,
     shard_id: u64,
     voters: &BTreeSet<u64>,
     table: &LockTable,
     placement: Option<&PlacementMap>,
     batch: &mut WriteBatch,
-) -> Result<ShardStorage<RocksEngine>, ServerError> {
+) -> Result<ShardStorage<dyn Engine>, ServerError> {
     let storage_err = |e: fencelock_raftstore::Error| ServerError::Storage(e.to_string());
     fencelock_raftstore::meta::register_shard(batch, shard_id);
     let mut st = ShardStorage::open(engine.clone(), shard_id).map_err(storage_err)?;

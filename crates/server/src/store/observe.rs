@@ -26,6 +26,8 @@ pub struct Observers {
 pub(super) struct ApplyObs<'a> {
     pub metrics: &'a mut StoreMetrics,
     pub audit: &'a AuditLog,
+    /// The store's clock (for the commit-to-apply time).
+    pub clock: &'a dyn super::Clock,
     /// When this pass learned its entries were committed.
     pub committed_at: Instant,
 }
@@ -115,7 +117,7 @@ pub(super) fn command_applied(
             }
         }
         (Command::Renew { .. }, Err(_)) => obs.metrics.renewal_failures.inc(),
-        (Command::RenewBatch { items }, Ok(Reply::RenewedBatch(results))) => {
+        (Command::RenewBatch { items, .. }, Ok(Reply::RenewedBatch(results))) => {
             for (item, r) in items.iter().zip(results) {
                 match r {
                     Ok(_) => {

@@ -154,6 +154,7 @@ mod tests {
         let commands = vec![
             Command::Tick,
             Command::Release {
+                owner: fencelock_statemachine::Owner::anonymous(),
                 resource: ResourceName::parse("acme/x").unwrap(),
                 lease_id: LeaseId([3; 16]),
             },

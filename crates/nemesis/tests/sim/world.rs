@@ -1,0 +1,468 @@
+//! The simulated cluster: three nodes running the real `Store`, a network
+//! of in-flight Raft batches, simulated time, and the nemesis.
+//!
+//! Everything happens on one thread, in the order of one event queue keyed
+//! by (simulated ms, sequence number); every choice — latency, loss,
+//! duplication, long delays, partitions, crashes, how much unsynced data a
+//! crash keeps, tick timing, the clients' moves — comes from one seeded
+//! RNG. So a seed is a complete, exact replay.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use fencelock_raftstore::MemEngine;
+use fencelock_server::audit::AuditLog;
+use fencelock_server::config::NodeConfig;
+use fencelock_server::metrics::Metrics;
+use fencelock_server::router::Router;
+use fencelock_server::store::{
+    Clock, Observers, PeerSink, ShardStatus, SimFault, Store, StoreIo, StoreMsg,
+};
+use fencelock_server::transport::Envelope;
+use rand::rngs::StdRng;
+use rand::Rng;
+
+/// Nodes in the cluster; every shard has a replica on each.
+pub const NODES: u64 = 3;
+/// Data shards (the meta shard comes on top).
+pub const DATA_SHARDS: u32 = 3;
+/// One Raft tick; the driver spreads each node's ticks around it.
+pub const TICK_MS: u64 = 20;
+/// A node's tick interval varies within this percentage either way, so
+/// elections (fixed at `election_ticks` ticks) still spread out.
+const TICK_JITTER_PERCENT: u64 = 30;
+/// Each node's wall clock is off true time by up to this, either way.
+pub const MAX_CLOCK_SKEW_MS: u64 = 150;
+/// The configured bound on clock offset between two nodes: the skews above
+/// never exceed it (assumption A1 in docs/safety.md holds).
+pub const CLOCK_OFFSET_ALLOWANCE_MS: u64 = 2 * MAX_CLOCK_SKEW_MS;
+/// Simulated time zero on the nodes' wall clocks.
+const SIM_EPOCH_WALL_MS: u64 = 1_700_000_000_000;
+/// Network latency of a Raft batch, ms (inclusive range).
+const LATENCY_MS: (u64, u64) = (1, 6);
+/// A delayed batch (reordered behind later ones), ms.
+const LONG_DELAY_MS: (u64, u64) = (30, 400);
+/// Per-mille chances of a batch being lost, duplicated, delayed long.
+const DROP_PER_MILLE: u32 = 15;
+const DUPLICATE_PER_MILLE: u32 = 15;
+const LONG_DELAY_PER_MILLE: u32 = 30;
+/// Applied entries between snapshots: low, so log compaction and snapshot
+/// catch-up of a restarted node happen within a run.
+const SNAPSHOT_INTERVAL_ENTRIES: u64 = 100;
+
+/// The nodes' clock: true simulated time plus this node's skew.
+struct SimClock {
+    base: Instant,
+    now_ms: Arc<AtomicU64>,
+    skew_ms: i64,
+}
+
+impl Clock for SimClock {
+    fn wall_ms(&self) -> u64 {
+        let now = SIM_EPOCH_WALL_MS + self.now_ms.load(Ordering::Relaxed);
+        now.saturating_add_signed(self.skew_ms)
+    }
+
+    fn now(&self) -> Instant {
+        self.base + Duration::from_millis(self.now_ms.load(Ordering::Relaxed))
+    }
+}
+
+/// Captures what a store sends; the world routes it after each step.
+#[derive(Default)]
+struct CaptureSink {
+    out: Mutex<Vec<(u64, Vec<Envelope>)>>,
+}
+
+impl PeerSink for CaptureSink {
+    fn send(&self, to: u64, envelopes: Vec<Envelope>) {
+        if let Ok(mut out) = self.out.lock() {
+            out.push((to, envelopes));
+        }
+    }
+
+    fn add_peer(&self, _node_id: u64, _addr: &str) {}
+}
+
+pub struct Node {
+    pub id: u64,
+    config: NodeConfig,
+    /// Survives crashes; only what was synced survives a crash.
+    engine: MemEngine,
+    clock: Arc<SimClock>,
+    sink: Arc<CaptureSink>,
+    status: Arc<Mutex<Vec<ShardStatus>>>,
+    pub store: Option<Store>,
+    /// Tick events of an earlier incarnation are ignored.
+    generation: u64,
+}
+
+/// What happens at a point of simulated time.
+pub enum Ev {
+    Deliver {
+        from: u64,
+        to: u64,
+        envelopes: Vec<Envelope>,
+    },
+    /// A client request reaching a node.
+    Request {
+        node: u64,
+        msg: StoreMsg,
+    },
+    Tick {
+        node: u64,
+        generation: u64,
+    },
+    Restart {
+        node: u64,
+    },
+    /// The end of one partition fault: these cut links are restored.
+    Heal {
+        links: Vec<(u64, u64)>,
+    },
+    ClientWake {
+        client: usize,
+    },
+    Nemesis,
+    /// The end of the fault phase: every fault healed.
+    HealAll,
+}
+
+pub struct World {
+    pub now_ms: u64,
+    time: Arc<AtomicU64>,
+    base: Instant,
+    pub rng: StdRng,
+    queue: BTreeMap<(u64, u64), Ev>,
+    seq: u64,
+    pub nodes: Vec<Node>,
+    /// Directed links cut, with how many faults cut each.
+    cut: BTreeMap<(u64, u64), u32>,
+    fault: Option<SimFault>,
+    pub stats: Stats,
+}
+
+/// What the run did, for the report.
+#[derive(Default, Debug, Clone)]
+pub struct Stats {
+    pub steps: u64,
+    pub delivered: u64,
+    pub dropped: u64,
+    pub duplicated: u64,
+    pub delayed: u64,
+    pub crashes: u64,
+    pub lost_unsynced_writes: u64,
+    pub partitions: u64,
+    pub transfers: u64,
+}
+
+fn node_config(id: u64) -> NodeConfig {
+    let peers: Vec<(u64, String)> = (1..=NODES)
+        .map(|n| (n, format!("10.0.0.{n}:7000")))
+        .collect();
+    let mut config = NodeConfig::for_test(id, "/nonexistent/sim", peers);
+    config.shard_count = DATA_SHARDS;
+    config.raft.tick_interval_ms = TICK_MS;
+    config.raft.snapshot_interval_entries = SNAPSHOT_INTERVAL_ENTRIES;
+    config.raft.clock_offset_allowance_ms = CLOCK_OFFSET_ALLOWANCE_MS;
+    config.lock.min_lease_ttl_ms = 100;
+    config.lock.default_lease_ttl_ms = 1_000;
+    if let Err(e) = config.validate() {
+        panic!("simulation config does not validate: {e}");
+    }
+    config
+}
+
+impl World {
+    pub fn new(rng: StdRng, fault: Option<SimFault>) -> World {
+        let mut world = World {
+            now_ms: 0,
+            time: Arc::new(AtomicU64::new(0)),
+            base: Instant::now(),
+            rng,
+            queue: BTreeMap::new(),
+            seq: 0,
+            nodes: Vec::new(),
+            cut: BTreeMap::new(),
+            fault,
+            stats: Stats::default(),
+        };
+        for id in 1..=NODES {
+            let skew = world
+                .rng
+                .random_range(-(MAX_CLOCK_SKEW_MS as i64)..=MAX_CLOCK_SKEW_MS as i64);
+            world.nodes.push(Node {
+                id,
+                config: node_config(id),
+                engine: MemEngine::with_crash_mode(),
+                clock: Arc::new(SimClock {
+                    base: world.base,
+                    now_ms: world.time.clone(),
+                    skew_ms: skew,
+                }),
+                sink: Arc::default(),
+                status: Arc::default(),
+                store: None,
+                generation: 0,
+            });
+            world.start(id);
+        }
+        world
+    }
+
+    /// The placement the nodes bootstrap with: which shard serves a slot.
+    pub fn bootstrap_config() -> NodeConfig {
+        node_config(1)
+    }
+
+    pub fn schedule(&mut self, at_ms: u64, ev: Ev) {
+        self.seq += 1;
+        self.queue.insert((at_ms.max(self.now_ms), self.seq), ev);
+    }
+
+    /// The next event, with time advanced to it.
+    pub fn pop(&mut self) -> Option<Ev> {
+        let ((at, _), ev) = self.queue.pop_first()?;
+        self.now_ms = at;
+        self.time.store(at, Ordering::Relaxed);
+        Some(ev)
+    }
+
+    pub fn peek_time(&self) -> Option<u64> {
+        self.queue.first_key_value().map(|((at, _), _)| *at)
+    }
+
+    fn node(&mut self, id: u64) -> &mut Node {
+        &mut self.nodes[(id - 1) as usize]
+    }
+
+    pub fn is_up(&self, id: u64) -> bool {
+        self.nodes[(id - 1) as usize].store.is_some()
+    }
+
+    pub fn up_count(&self) -> usize {
+        self.nodes.iter().filter(|n| n.store.is_some()).count()
+    }
+
+    /// Opens node `id`'s store over its engine (a restart after a crash).
+    pub fn start(&mut self, id: u64) {
+        let fault = self.fault;
+        let node = self.node(id);
+        if node.store.is_some() {
+            return;
+        }
+        let io = StoreIo {
+            engine: Arc::new(node.engine.clone()),
+            sink: node.sink.clone(),
+            clock: node.clock.clone(),
+            fixed_election_timeout: true,
+        };
+        // The inbox is unused: the world hands messages to `step` itself.
+        let (_tx, inbox) = crossbeam_channel::unbounded();
+        let router = Arc::new(Router::new(node.config.peer_map()));
+        let obs = Observers {
+            metrics: Metrics::new(id).store_locals(),
+            audit: AuditLog::disabled(id),
+        };
+        let mut store = match Store::open_with(
+            node.config.clone(),
+            io,
+            inbox,
+            node.status.clone(),
+            router,
+            obs,
+        ) {
+            Ok(store) => store,
+            Err(e) => panic!("node {id} does not reopen from its synced state: {e}"),
+        };
+        if let Some(fault) = fault {
+            store.inject_fault(fault);
+        }
+        node.store = Some(store);
+        node.generation += 1;
+        let generation = node.generation;
+        let first = self.rng.random_range(1..=TICK_MS);
+        self.schedule(
+            self.now_ms + first,
+            Ev::Tick {
+                node: id,
+                generation,
+            },
+        );
+    }
+
+    /// Kills node `id` like SIGKILL: the store is dropped (everyone waiting
+    /// on it sees a closed channel), and the engine keeps its synced writes
+    /// plus a random prefix of the unsynced ones.
+    pub fn crash(&mut self, id: u64) {
+        let unsynced = self.node(id).engine.unsynced_writes().unwrap_or(0);
+        let keep = self.rng.random_range(0..=unsynced);
+        let node = self.node(id);
+        let Some(store) = node.store.take() else {
+            return;
+        };
+        drop(store);
+        node.sink.out.lock().map(|mut o| o.clear()).ok();
+        let lost = node.engine.crash(keep).unwrap_or(0);
+        self.stats.crashes += 1;
+        self.stats.lost_unsynced_writes += lost as u64;
+    }
+
+    /// A clean stop (deferred writes flushed, waiters told) and restart.
+    pub fn restart_cleanly(&mut self, id: u64) {
+        if let Some(store) = self.node(id).store.take() {
+            store.close();
+        }
+        self.route_from(id);
+        self.start(id);
+    }
+
+    /// Runs one store iteration on node `id` (nothing if it is down: the
+    /// messages are dropped, closing any client's answer channel), then
+    /// routes what it sent.
+    pub fn step(&mut self, id: u64, msgs: Vec<StoreMsg>, tick: bool) {
+        let node = self.node(id);
+        let Some(store) = node.store.as_mut() else {
+            return;
+        };
+        store.step(msgs, tick);
+        self.stats.steps += 1;
+        self.route_from(id);
+    }
+
+    fn route_from(&mut self, from: u64) {
+        let out = match self.node(from).sink.out.lock() {
+            Ok(mut out) => std::mem::take(&mut *out),
+            Err(_) => return,
+        };
+        for (to, envelopes) in out {
+            if self.is_cut(from, to) {
+                self.stats.dropped += 1;
+                continue;
+            }
+            let fate = self.rng.random_range(0..1000u32);
+            if fate < DROP_PER_MILLE {
+                self.stats.dropped += 1;
+                continue;
+            }
+            if fate < DROP_PER_MILLE + DUPLICATE_PER_MILLE {
+                self.stats.duplicated += 1;
+                let later = self.now_ms + self.rng.random_range(LATENCY_MS.0..=LONG_DELAY_MS.1);
+                self.schedule(
+                    later,
+                    Ev::Deliver {
+                        from,
+                        to,
+                        envelopes: envelopes.clone(),
+                    },
+                );
+            }
+            let latency = if fate >= 1000 - LONG_DELAY_PER_MILLE {
+                self.stats.delayed += 1;
+                self.rng.random_range(LONG_DELAY_MS.0..=LONG_DELAY_MS.1)
+            } else {
+                self.rng.random_range(LATENCY_MS.0..=LATENCY_MS.1)
+            };
+            self.schedule(
+                self.now_ms + latency,
+                Ev::Deliver {
+                    from,
+                    to,
+                    envelopes,
+                },
+            );
+        }
+    }
+
+    pub fn deliver(&mut self, from: u64, to: u64, envelopes: Vec<Envelope>) {
+        // A link cut while the batch was in flight loses it too.
+        if self.is_cut(from, to) || !self.is_up(to) {
+            self.stats.dropped += 1;
+            return;
+        }
+        self.stats.delivered += 1;
+        self.step(to, vec![StoreMsg::Raft { envelopes }], false);
+    }
+
+    pub fn tick(&mut self, id: u64, generation: u64) {
+        if self.node(id).generation != generation || !self.is_up(id) {
+            return;
+        }
+        self.step(id, Vec::new(), true);
+        let spread = TICK_MS * TICK_JITTER_PERCENT / 100;
+        let next = self
+            .rng
+            .random_range(TICK_MS - spread..=TICK_MS + spread)
+            .max(1);
+        self.schedule(
+            self.now_ms + next,
+            Ev::Tick {
+                node: id,
+                generation,
+            },
+        );
+    }
+
+    fn is_cut(&self, from: u64, to: u64) -> bool {
+        self.cut.get(&(from, to)).is_some_and(|n| *n > 0)
+    }
+
+    /// Cuts `links` until `heal_at_ms`.
+    pub fn partition(&mut self, links: Vec<(u64, u64)>, heal_at_ms: u64) {
+        for link in &links {
+            *self.cut.entry(*link).or_default() += 1;
+        }
+        self.stats.partitions += 1;
+        self.schedule(heal_at_ms, Ev::Heal { links });
+    }
+
+    pub fn heal(&mut self, links: Vec<(u64, u64)>) {
+        for link in links {
+            if let Some(n) = self.cut.get_mut(&link) {
+                *n = n.saturating_sub(1);
+                if *n == 0 {
+                    self.cut.remove(&link);
+                }
+            }
+        }
+    }
+
+    /// Every partition healed, every node running.
+    pub fn heal_all(&mut self) {
+        self.cut.clear();
+        for id in 1..=NODES {
+            self.start(id);
+        }
+    }
+
+    /// The shard leaders the nodes last published (on their ticks):
+    /// shard → leader node, as claimed by an up node leading it.
+    pub fn leaders(&self) -> BTreeMap<u64, u64> {
+        let mut leaders = BTreeMap::new();
+        for node in &self.nodes {
+            if node.store.is_none() {
+                continue;
+            }
+            if let Ok(status) = node.status.lock() {
+                for s in status.iter().filter(|s| s.is_leader) {
+                    leaders.insert(s.shard_id, node.id);
+                }
+            }
+        }
+        leaders
+    }
+
+    /// The node leading the most shards, if any.
+    pub fn busiest_leader(&self) -> Option<u64> {
+        let mut count: BTreeMap<u64, usize> = BTreeMap::new();
+        for node in self.leaders().values() {
+            *count.entry(*node).or_default() += 1;
+        }
+        count
+            .into_iter()
+            .max_by_key(|(node, n)| (*n, std::cmp::Reverse(*node)))
+            .map(|(node, _)| node)
+    }
+}
