@@ -20,14 +20,6 @@ fn deploy_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../deploy")
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 /// Kills the server when the test ends, passing or not.
 struct Prometheus(Child);
 
@@ -147,7 +139,7 @@ async fn a_real_prometheus_scrapes_the_cluster_loads_the_alerts_and_evaluates_ev
     }
     std::fs::write(dir.path().join("prometheus.yml"), &config).unwrap();
 
-    let port = free_port();
+    let port = common::free_port();
     let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
     let child = match Command::new("prometheus")
         .arg(format!(

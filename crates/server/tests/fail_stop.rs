@@ -5,22 +5,16 @@
 //! `cargo test --workspace` does (the nemesis crate's dev-dependency turns
 //! it on; docs/testing.md "Failpoints").
 
+mod common;
+
 use std::os::unix::process::ExitStatusExt;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 #[test]
 fn a_panic_on_the_store_thread_stops_the_whole_node() {
     let dir = tempfile::tempdir().unwrap();
-    let port = free_port();
+    let port = common::free_port();
     let config = dir.path().join("node.toml");
     std::fs::write(
         &config,
@@ -39,7 +33,7 @@ fn a_panic_on_the_store_thread_stops_the_whole_node() {
         .env("FAILPOINTS", "store::after_persist=panic")
         .env(
             "FENCELOCK_ADMIN_LISTEN_ADDR",
-            format!("127.0.0.1:{}", free_port()),
+            format!("127.0.0.1:{}", common::free_port()),
         )
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(&stderr_path).unwrap())

@@ -21,14 +21,6 @@ impl Drop for Proc {
     }
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 fn write_config(dir: &Path, id: u64, ports: &[u16]) -> std::path::PathBuf {
     let peers: Vec<String> = ports
         .iter()
@@ -71,7 +63,7 @@ where
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn kill_9_of_the_leader_under_load_loses_no_acknowledged_grant() {
     let dir = tempfile::tempdir().unwrap();
-    let ports: Vec<u16> = (0..3).map(|_| free_port()).collect();
+    let ports: Vec<u16> = (0..3).map(|_| common::free_port()).collect();
     let endpoints: Vec<String> = ports
         .iter()
         .map(|p| format!("http://127.0.0.1:{p}"))

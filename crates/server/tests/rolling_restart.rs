@@ -35,14 +35,6 @@ impl Drop for Proc {
     }
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 fn write_config(dir: &Path, id: u64, ports: &[u16]) {
     let peers: Vec<String> = ports
         .iter()
@@ -238,7 +230,7 @@ async fn wait_caught_up(endpoint: &str, id: u64, within: Duration) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn rolling_restart_of_every_node_under_load_fails_no_request_beyond_retries() {
     let dir = tempfile::tempdir().unwrap();
-    let ports: Vec<u16> = (0..3).map(|_| free_port()).collect();
+    let ports: Vec<u16> = (0..3).map(|_| common::free_port()).collect();
     let endpoints: Vec<String> = ports
         .iter()
         .map(|p| format!("http://127.0.0.1:{p}"))

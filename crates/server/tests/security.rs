@@ -5,6 +5,8 @@
 //! step) to keep the test time down; the start-up refusals run without a
 //! cluster.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
@@ -29,14 +31,6 @@ impl Drop for Proc {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 fn fencelock(args: &[&str]) -> std::process::Output {
@@ -131,8 +125,8 @@ impl TlsCluster {
         let dir = tempfile::tempdir().unwrap();
         let certs = dir.path().join("certs");
         make_certs(&certs);
-        let ports: Vec<u16> = (0..3).map(|_| free_port()).collect();
-        let admin_ports: Vec<u16> = (0..3).map(|_| free_port()).collect();
+        let ports: Vec<u16> = (0..3).map(|_| common::free_port()).collect();
+        let admin_ports: Vec<u16> = (0..3).map(|_| common::free_port()).collect();
         let peers: Vec<String> = ports
             .iter()
             .enumerate()
@@ -549,7 +543,7 @@ async fn a_tls_cluster_enforces_identities_tenants_and_quotas() {
 #[test]
 fn a_config_without_tls_or_insecure_refuses_to_start() {
     let dir = tempfile::tempdir().unwrap();
-    let port = free_port();
+    let port = common::free_port();
     let path = dir.path().join("node.toml");
     std::fs::write(
         &path,
@@ -582,7 +576,7 @@ fn a_data_dir_open_to_others_is_refused() {
     let data = dir.path().join("data");
     std::fs::create_dir(&data).unwrap();
     std::fs::set_permissions(&data, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let port = free_port();
+    let port = common::free_port();
     let path = dir.path().join("node.toml");
     std::fs::write(
         &path,

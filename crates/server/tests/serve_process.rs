@@ -9,14 +9,6 @@ use std::net::SocketAddr;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 fn signal(pid: u32, sig: libc::c_int) {
     // SAFETY: kill(2) on our own child's pid; no memory is involved.
     assert_eq!(unsafe { libc::kill(pid as libc::pid_t, sig) }, 0);
@@ -25,7 +17,7 @@ fn signal(pid: u32, sig: libc::c_int) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_logs_json_reopens_its_audit_file_on_sighup_and_exits_cleanly_on_sigterm() {
     let dir = tempfile::tempdir().unwrap();
-    let (port, admin_port) = (free_port(), free_port());
+    let (port, admin_port) = (common::free_port(), common::free_port());
     let config = dir.path().join("node.toml");
     std::fs::write(
         &config,

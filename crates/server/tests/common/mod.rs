@@ -24,7 +24,8 @@ pub struct Cluster {
     pub rules: BTreeMap<u64, Arc<NetworkRules>>,
 }
 
-fn free_port() -> u16 {
+/// A port free on loopback right now (the OS picks it).
+pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
