@@ -6,8 +6,9 @@
 //!   epochs, lock and waiter counts, hottest resources; it refreshes itself
 //!   from `/status.json` every [`STATUS_REFRESH_MS`].
 //! * `GET /status.json` — the cluster view the page shows, as JSON.
-//! * `GET /healthz` — 200 while the node serves, 503 while it starts or
-//!   drains (for HTTP-only probes; gRPC clients use `grpc.health.v1`).
+//! * `GET /healthz` — 200 while the node serves, 503 while it drains (the
+//!   port opens only once the node serves; for HTTP-only probes — gRPC
+//!   clients use `grpc.health.v1`).
 //!
 //! The cluster view is whatever the `AdminService` answers on this node
 //! (every node can answer for the whole cluster), so the page shows the

@@ -91,7 +91,6 @@ impl AuditStats {
 /// The node's audit sink; cheap to clone. See the module docs.
 #[derive(Clone)]
 pub struct AuditLog {
-    node_id: u64,
     tx: Option<Sender<Msg>>,
     counters: Arc<Counters>,
     include_renewals: bool,
@@ -100,9 +99,8 @@ pub struct AuditLog {
 
 impl AuditLog {
     /// A sink that writes nothing.
-    pub fn disabled(node_id: u64) -> AuditLog {
+    pub fn disabled() -> AuditLog {
         AuditLog {
-            node_id,
             tx: None,
             counters: Arc::default(),
             include_renewals: false,
@@ -119,7 +117,7 @@ impl AuditLog {
         include_renewals: bool,
     ) -> std::io::Result<AuditLog> {
         let sink = match target {
-            AuditTarget::Off => return Ok(AuditLog::disabled(node_id)),
+            AuditTarget::Off => return Ok(AuditLog::disabled()),
             AuditTarget::Stdout => Sink::Stdout,
             AuditTarget::File(path) => Sink::File {
                 file: open_append(path)?,
@@ -133,7 +131,6 @@ impl AuditLog {
             .name(format!("audit-{node_id}"))
             .spawn(move || write_loop(node_id, sink, rx, &writer_counters))?;
         Ok(AuditLog {
-            node_id,
             tx: Some(tx),
             counters,
             include_renewals,
@@ -170,14 +167,6 @@ impl AuditLog {
         }
     }
 
-    pub fn lines_total(&self) -> u64 {
-        self.counters.lines.load(Ordering::Relaxed)
-    }
-
-    pub fn dropped_total(&self) -> u64 {
-        self.counters.dropped.load(Ordering::Relaxed)
-    }
-
     pub fn stats(&self) -> AuditStats {
         AuditStats(self.counters.clone())
     }
@@ -192,10 +181,6 @@ impl AuditLog {
             // store that has already stopped are dropped by now.
             let _ = handle.join();
         }
-    }
-
-    pub fn node_id(&self) -> u64 {
-        self.node_id
     }
 }
 
@@ -353,7 +338,7 @@ mod tests {
         let new = std::fs::read_to_string(&path).unwrap();
         assert!(old.contains("\"granted\"") && !old.contains("\"released\""));
         assert!(new.contains("\"released\""));
-        assert_eq!(log.lines_total(), 2);
-        assert_eq!(log.dropped_total(), 0);
+        assert_eq!(log.stats().lines_total(), 2);
+        assert_eq!(log.stats().dropped_total(), 0);
     }
 }

@@ -513,7 +513,7 @@ impl Node {
         }
         // The store (the only other holder) is gone: the writer drains what
         // is queued and flushes.
-        let mut audit = std::mem::replace(&mut self.audit, AuditLog::disabled(self.node_id));
+        let mut audit = std::mem::replace(&mut self.audit, AuditLog::disabled());
         let _ = tokio::task::spawn_blocking(move || audit.close()).await;
     }
 }

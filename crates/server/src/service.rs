@@ -92,8 +92,10 @@ fn current_caller() -> Caller {
     CALLER.try_with(|c| c.clone()).unwrap_or(None)
 }
 
-/// The request's caller, and whether another node forwarded it.
-fn caller_of<T>(request: &Request<T>) -> (Caller, bool) {
+/// The request's caller: the client's address, as the forwarding node
+/// relayed it or as seen here. (Whether it was forwarded is the gate's
+/// verdict, `security::relayed_of`, not this client-settable header.)
+fn caller_of<T>(request: &Request<T>) -> Caller {
     let relayed = request
         .metadata()
         .get(CALLER_HEADER)
@@ -104,10 +106,9 @@ fn caller_of<T>(request: &Request<T>) -> (Caller, bool) {
             .filter(|c| c.is_ascii_graphic())
             .take(MAX_CALLER_LEN)
             .collect();
-        return (Some(Arc::from(clean)), true);
+        return Some(Arc::from(clean));
     }
-    let direct = request.remote_addr().map(|a| Arc::from(a.to_string()));
-    (direct, false)
+    request.remote_addr().map(|a| Arc::from(a.to_string()))
 }
 
 pub struct LockServiceImpl {
@@ -191,7 +192,7 @@ impl LockServiceImpl {
     async fn measured<T>(
         &self,
         op: Op,
-        (caller, relayed): (Caller, bool),
+        caller: Caller,
         identity: (Identity, bool),
         call: impl Future<Output = Result<Response<T>, Status>>,
     ) -> Result<Response<T>, Status> {
@@ -201,6 +202,9 @@ impl LockServiceImpl {
             Identity::Anonymous => caller,
             known => Some(Arc::from(known.uri())),
         };
+        // Forwarded (counted where the client called) by the gate's
+        // verdict, not by a header a client could set itself.
+        let relayed = identity.1;
         let call = CALLER.scope(caller, IDENTITY.scope(identity, call));
         if relayed {
             return call.await;
@@ -790,8 +794,8 @@ impl LockService for LockServiceImpl {
         request: Request<RenewBatchRequest>,
     ) -> Result<Response<RenewBatchResponse>, Status> {
         let caller = caller_of(&request);
-        let relayed = caller.1;
         let identity = (identity_of(&request), relayed_of(&request));
+        let relayed = identity.1;
         let result = self
             .measured(
                 Op::RenewBatch,

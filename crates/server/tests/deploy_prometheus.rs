@@ -10,7 +10,7 @@ mod common;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -18,16 +18,6 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 fn deploy_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../deploy")
-}
-
-/// Kills the server when the test ends, passing or not.
-struct Prometheus(Child);
-
-impl Drop for Prometheus {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 fn percent_encode(text: &str) -> String {
@@ -162,7 +152,7 @@ async fn a_real_prometheus_scrapes_the_cluster_loads_the_alerts_and_evaluates_ev
         ),
         Err(e) => panic!("prometheus: {e}"),
     };
-    let _prometheus = Prometheus(child);
+    let _prometheus = common::Proc(child);
     let log = dir.path().join("prometheus.log");
     let log_text = || std::fs::read_to_string(&log).unwrap_or_default();
 

@@ -5,21 +5,11 @@
 mod common;
 
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use fencelock_api::v1::lock_service_client::LockServiceClient;
 use fencelock_api::v1::{AcquireRequest, ErrorDetail, GetRequest};
-
-/// Kills the process when dropped, so a failing test leaves nothing behind.
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 fn write_config(dir: &Path, id: u64, ports: &[u16]) -> std::path::PathBuf {
     let peers: Vec<String> = ports
@@ -38,7 +28,7 @@ fn write_config(dir: &Path, id: u64, ports: &[u16]) -> std::path::PathBuf {
     path
 }
 
-fn spawn(dir: &Path, id: u64) -> Proc {
+fn spawn(dir: &Path, id: u64) -> common::Proc {
     let log = std::fs::File::create(dir.join(format!("node{id}.log"))).unwrap();
     let child = Command::new(env!("CARGO_BIN_EXE_fencelock"))
         .args(["serve", "--config"])
@@ -48,7 +38,7 @@ fn spawn(dir: &Path, id: u64) -> Proc {
         .stderr(log)
         .spawn()
         .expect("fencelock starts");
-    Proc(child)
+    common::Proc(child)
 }
 
 /// Follows leader hints from `endpoints[0]`, trying the others in turn.
@@ -71,7 +61,8 @@ async fn kill_9_of_the_leader_under_load_loses_no_acknowledged_grant() {
     for id in 1..=3 {
         write_config(dir.path(), id, &ports);
     }
-    let mut procs: Vec<Option<Proc>> = (1..=3).map(|id| Some(spawn(dir.path(), id))).collect();
+    let mut procs: Vec<Option<common::Proc>> =
+        (1..=3).map(|id| Some(spawn(dir.path(), id))).collect();
 
     // Ready when a Get is answered.
     let get = |r: &str| GetRequest {

@@ -13,7 +13,7 @@ mod common;
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -24,16 +24,6 @@ use fencelock_api::v1::{ListShardsRequest, ReleaseRequest, RenewRequest};
 /// How long one logical request may keep retrying before it counts as
 /// failed: longer than a drain, a restart and an election together.
 const RETRY_WINDOW: Duration = Duration::from_secs(20);
-
-/// Kills the process when dropped, so a failing test leaves nothing behind.
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 fn write_config(dir: &Path, id: u64, ports: &[u16]) {
     let peers: Vec<String> = ports
@@ -52,7 +42,7 @@ fn write_config(dir: &Path, id: u64, ports: &[u16]) {
     std::fs::write(dir.join(format!("node{id}.toml")), text).unwrap();
 }
 
-fn spawn(dir: &Path, id: u64) -> Proc {
+fn spawn(dir: &Path, id: u64) -> common::Proc {
     let log = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
@@ -66,7 +56,7 @@ fn spawn(dir: &Path, id: u64) -> Proc {
         .stderr(log)
         .spawn()
         .expect("fencelock starts");
-    Proc(child)
+    common::Proc(child)
 }
 
 fn log_tail(dir: &Path, id: u64) -> String {
@@ -76,7 +66,7 @@ fn log_tail(dir: &Path, id: u64) -> String {
 }
 
 /// SIGTERM, then the exit status (bounded).
-fn terminate(proc: &mut Proc, within: Duration) -> std::process::ExitStatus {
+fn terminate(proc: &mut common::Proc, within: Duration) -> std::process::ExitStatus {
     let pid = proc.0.id() as libc::pid_t;
     // SAFETY: kill(2) on our own child's pid; no memory is involved.
     let rc = unsafe { libc::kill(pid, libc::SIGTERM) };
@@ -238,7 +228,7 @@ async fn rolling_restart_of_every_node_under_load_fails_no_request_beyond_retrie
     for id in 1..=3 {
         write_config(dir.path(), id, &ports);
     }
-    let mut procs: Vec<Proc> = (1..=3).map(|id| spawn(dir.path(), id)).collect();
+    let mut procs: Vec<common::Proc> = (1..=3).map(|id| spawn(dir.path(), id)).collect();
     for id in 1..=3u64 {
         wait_caught_up(&endpoints[0], id, Duration::from_secs(30)).await;
     }

@@ -8,7 +8,7 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -22,16 +22,6 @@ use fencelock_server::internal::node_control_client::NodeControlClient;
 use fencelock_server::security::{PeerTls, TlsMaterial};
 use tonic::transport::Channel;
 use tonic::Code;
-
-/// Kills the process when dropped, so a failing test leaves nothing behind.
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 fn fencelock(args: &[&str]) -> std::process::Output {
     Command::new(env!("CARGO_BIN_EXE_fencelock"))
@@ -117,7 +107,7 @@ struct TlsCluster {
     certs: PathBuf,
     addrs: Vec<String>,
     admin_addrs: Vec<String>,
-    _procs: Vec<Proc>,
+    _procs: Vec<common::Proc>,
 }
 
 impl TlsCluster {
@@ -159,7 +149,7 @@ impl TlsCluster {
                 .stderr(log)
                 .spawn()
                 .expect("fencelock starts");
-            procs.push(Proc(child));
+            procs.push(common::Proc(child));
         }
         TlsCluster {
             certs,

@@ -131,9 +131,6 @@ impl<'a> Reader<'a> {
     fn lease(&mut self) -> Result<LeaseId, DecodeError> {
         Ok(LeaseId::from_slice(self.take(16)?).expect("16 bytes"))
     }
-    /// A count of items that each take at least `min_item_bytes`: refuses
-    /// counts the remaining input cannot hold, so corrupt input cannot make
-    /// us allocate without bound.
     /// A stored time or duration (`_ms` field of a snapshot or export),
     /// at most `max`: larger values could overflow the time arithmetic of
     /// apply.
@@ -144,6 +141,9 @@ impl<'a> Reader<'a> {
         }
         Ok(v)
     }
+    /// A count of items that each take at least `min_item_bytes`: refuses
+    /// counts the remaining input cannot hold, so corrupt input cannot make
+    /// us allocate without bound.
     fn count(&mut self, min_item_bytes: usize) -> Result<usize, DecodeError> {
         let n = self.u32()? as usize;
         if n.saturating_mul(min_item_bytes) > self.0.len() {

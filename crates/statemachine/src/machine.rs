@@ -762,7 +762,13 @@ impl LockTable {
     pub(crate) fn count_held(&mut self, resource: &ResourceName, held: bool) {
         let tenant = resource.tenant();
         if held {
-            *self.tenant_held.entry(tenant.to_owned()).or_default() += 1;
+            // Per grant: allocate the tenant's key only the first time.
+            match self.tenant_held.get_mut(tenant) {
+                Some(count) => *count += 1,
+                None => {
+                    self.tenant_held.insert(tenant.to_owned(), 1);
+                }
+            }
             return;
         }
         let count = self

@@ -163,6 +163,9 @@ pub enum Command {
     },
     /// The caller of a waiting acquire went away: drop its wait, or, if it
     /// was granted meanwhile without the caller learning of it, release.
+    /// Proposed by the server only (the store, for a waiting call whose
+    /// caller disconnected), never built from a client request: it carries
+    /// no owner and skips the owner check that `Release` makes.
     Cancel {
         resource: ResourceName,
         lease_id: LeaseId,

@@ -37,7 +37,7 @@ const RETRY_PAUSE_MS: (u64, u64) = (20, 150);
 /// Only these are retried; every other refusal — the lock is held, the
 /// wait ran out, a queue is full, the lease is gone — is the call's
 /// definite answer, even where the error contract allows a later retry.
-const RETRIED_REASONS: [Reason; 10] = [
+pub const RETRIED_REASONS: [Reason; 10] = [
     Reason::NotLeader,
     Reason::LeaderUnknown,
     Reason::NoQuorum,
@@ -52,7 +52,7 @@ const RETRIED_REASONS: [Reason; 10] = [
 
 /// Retried refusals documented as "nothing was changed": an attempt ending
 /// with one of them took no effect.
-const NO_EFFECT_REASONS: [Reason; 6] = [
+pub const NO_EFFECT_REASONS: [Reason; 6] = [
     Reason::NotLeader,
     Reason::EpochNotMatch,
     Reason::ServerBusy,

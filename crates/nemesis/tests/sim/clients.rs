@@ -7,7 +7,6 @@
 
 use std::collections::BTreeMap;
 
-use fencelock_api::v1::Reason;
 use fencelock_nemesis::fence::{FencedResource, WriteOutcome};
 use fencelock_nemesis::history::{Call, Event, ProcessId, Reply};
 use fencelock_server::errors::ServerError;
@@ -44,28 +43,10 @@ const STOP_BY_PERCENT: u64 = 85;
 /// then writes with its old token without checking its deadline.
 const PAUSE_PER_MILLE: u32 = 40;
 
-/// Retried refusals: routing and availability (as the harness client).
-const RETRIED_REASONS: [Reason; 10] = [
-    Reason::NotLeader,
-    Reason::LeaderUnknown,
-    Reason::NoQuorum,
-    Reason::LeaderNotReady,
-    Reason::TokenSpaceExhausted,
-    Reason::ShuttingDown,
-    Reason::ServerBusy,
-    Reason::OutcomeUnknown,
-    Reason::EpochNotMatch,
-    Reason::LeaseIdCollision,
-];
-/// Retried refusals documented as "nothing was changed".
-const NO_EFFECT_REASONS: [Reason; 6] = [
-    Reason::NotLeader,
-    Reason::EpochNotMatch,
-    Reason::ServerBusy,
-    Reason::LeaderNotReady,
-    Reason::TokenSpaceExhausted,
-    Reason::LeaseIdCollision,
-];
+// Retried refusals, and those documented as "nothing was changed": the
+// same lists as the real-process harness client, so both record outcomes
+// alike.
+use fencelock_nemesis::harness::lock_client::{NO_EFFECT_REASONS, RETRIED_REASONS};
 
 pub fn resource_name(i: usize) -> String {
     format!("sim/r-{i}")

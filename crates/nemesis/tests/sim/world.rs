@@ -264,7 +264,7 @@ impl World {
         let router = Arc::new(Router::new(node.config.peer_map()));
         let obs = Observers {
             metrics: Metrics::new(id).store_locals(),
-            audit: AuditLog::disabled(id),
+            audit: AuditLog::disabled(),
         };
         let mut store = match Store::open_with(
             node.config.clone(),

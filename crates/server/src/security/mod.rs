@@ -125,16 +125,15 @@ impl Gate {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Relayed(pub bool);
 
-/// Metadata a forwarding node sets (see `service::CALLER_HEADER`).
-const CALLER_HEADER: &str = "x-fencelock-caller";
-
 impl tonic::service::Interceptor for Gate {
     fn call(&mut self, mut request: Request<()>) -> Result<Request<()>, Status> {
         let identity = self.identify(&request)?;
         let relayed = if self.secure {
             request.metadata().contains_key(IDENTITY_HEADER)
         } else {
-            request.metadata().contains_key(CALLER_HEADER)
+            request
+                .metadata()
+                .contains_key(crate::service::CALLER_HEADER)
         };
         request.extensions_mut().insert(identity);
         request.extensions_mut().insert(Relayed(relayed));

@@ -284,3 +284,13 @@ pub async fn release(
     })
     .await
 }
+
+/// A child process killed (and reaped) when the test ends, passing or not.
+pub struct Proc(pub std::process::Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
