@@ -200,16 +200,6 @@ impl Node {
         let (store_tx, store_rx) = crossbeam_channel::bounded(config.raft.store_queue_depth);
         let status = Arc::new(Mutex::new(Vec::new()));
         let router = Arc::new(Router::new(config.peer_map()));
-        {
-            // Every node a newer map names gets a link, however this node
-            // learned the map (its meta replica, an admin action, a peer).
-            let transport = transport.clone();
-            router.on_new_map(move |map| {
-                for node in map.nodes() {
-                    transport.add_peer(node.node_id, &node.addr);
-                }
-            });
-        }
         let peers = Arc::new(PeerChannels::new(tls.clone()));
         let default_ttl = config.lock.default_lease_ttl_ms;
         let store = Store::open(

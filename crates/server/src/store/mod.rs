@@ -396,6 +396,17 @@ impl Store {
             clock,
             fixed_election_timeout,
         } = io;
+        // Every node a newer map names gets a link, however this node
+        // learned the map (its meta replica, an admin action's answer, a
+        // fetch from a peer): the router tells the sink.
+        {
+            let sink = sink.clone();
+            router.on_new_map(move |map| {
+                for node in map.nodes() {
+                    sink.add_peer(node.node_id, &node.addr);
+                }
+            });
+        }
         let storage_err = |e: fencelock_raftstore::Error| ServerError::Storage(e.to_string());
         let node_id = config.node_id;
         let ident = meta::load_ident(engine.as_ref()).map_err(storage_err)?;
@@ -849,12 +860,7 @@ impl Store {
         if map.version() <= self.router.map_version() {
             return;
         }
-        // The transport learns the map's nodes here (a simulation's sink has
-        // no router listener) and through the router's listener when
-        // another path offered the map first.
-        for node in map.nodes() {
-            self.transport.add_peer(node.node_id, &node.addr);
-        }
+        // The router's listener (see `open_with`) links the map's nodes.
         self.router.offer_map(map.clone());
     }
 
