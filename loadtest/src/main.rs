@@ -68,8 +68,8 @@ struct CommonArgs {
     /// Where results.json, report.html and tables.md go.
     #[arg(long, default_value = "target/bench")]
     out: PathBuf,
-    /// The `fencelock` binary for local clusters (default: beside this
-    /// program, then $FENCELOCK_BIN, then PATH).
+    /// The `fencelock` binary for local clusters (this flag or
+    /// $FENCELOCK_BIN, else beside this program, else PATH).
     #[arg(long, env = "FENCELOCK_BIN")]
     fencelock_bin: Option<PathBuf>,
     /// The `etcd` binary for local clusters (default: PATH).
