@@ -10,9 +10,12 @@
 set -euo pipefail
 
 missing=()
+# libclang itself (libclang.so, libclang-14.so.1, ...), not its siblings:
+# libclang-cpp.so comes with other LLVM packages and bindgen cannot use it.
 have_libclang() {
-  ldconfig -p 2>/dev/null | grep -q 'libclang[-.0-9]*\.so' && return 0
-  compgen -G '/usr/lib/llvm-*/lib/libclang*.so*' >/dev/null
+  ldconfig -p 2>/dev/null | grep -Eq 'libclang(-[0-9.]+)?\.so' && return 0
+  compgen -G '/usr/lib/llvm-*/lib/libclang.so*' >/dev/null \
+    || compgen -G '/usr/lib/llvm-*/lib/libclang-[0-9]*.so*' >/dev/null
 }
 have_libclang || missing+=(libclang-dev)
 command -v c++ >/dev/null || missing+=(g++)
