@@ -122,6 +122,7 @@ pub enum Op {
     Cancel {
         resource: usize,
         lease: u8,
+        attempt: u32,
     },
     Tick,
     LeaderChanged {
@@ -208,9 +209,11 @@ impl Op {
             Op::Cancel {
                 resource: r,
                 lease: l,
+                attempt,
             } => Command::Cancel {
                 resource: resource(r),
                 lease_id: lease(l),
+                attempt,
             },
             Op::Tick => Command::Tick,
             Op::LeaderChanged { allowance_ms } => Command::LeaderChanged {
@@ -325,6 +328,13 @@ fn op(input: &mut Input, l: &Limits, memory: &Memory, epoch: u64) -> Op {
         9 => Op::Cancel {
             resource: input.below(RESOURCES.len()),
             lease: input.u8() % LEASE_IDS,
+            // Mostly the first or second attempt (the ones that can
+            // match), sometimes anything.
+            attempt: match input.u8() % 4 {
+                0 | 1 => 1,
+                2 => 2,
+                _ => input.u8().into(),
+            },
         },
         10 => Op::LeaderChanged {
             allowance_ms: allowance(input),

@@ -82,6 +82,7 @@ pub fn commands() -> Vec<Command> {
         Command::Cancel {
             resource: name("acme/a"),
             lease_id: LeaseId([3; 16]),
+            attempt: 2,
         },
         Command::Tick,
         Command::ExportSlots {

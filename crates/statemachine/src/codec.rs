@@ -11,6 +11,7 @@ use std::collections::VecDeque;
 use crate::limits::{Limits, MAX_CLOCK_MS, MAX_STORED_MS};
 use crate::machine::{
     DedupEntry, DedupKey, DedupState, Holder, LockTable, PendingExport, Record, Waiter,
+    FIRST_ATTEMPT,
 };
 use crate::name::ResourceName;
 use crate::slots::{SlotSet, SLOT_COUNT};
@@ -22,15 +23,17 @@ const SNAPSHOT_MAGIC: &[u8; 4] = b"FLSM";
 // `max_held_per_tenant` limit. Older versions are refused, not upgraded
 // (like every earlier bump): a node is upgraded with an empty data dir or
 // after its shards were snapshotted by the new version elsewhere.
-const SNAPSHOT_VERSION: u16 = 3;
+// Version 4: the attempt number of holders and waiters.
+const SNAPSHOT_VERSION: u16 = 4;
 const EXPORT_MAGIC: &[u8; 4] = b"FLMX";
-// Version 2: lease owners.
-const EXPORT_VERSION: u16 = 2;
-const RECORD_MIN_BYTES: usize = 4 + 4 + 16 + 4 + 40 + 4;
+// Version 2: lease owners. Version 3: attempt numbers.
+const EXPORT_VERSION: u16 = 3;
+const RECORD_MIN_BYTES: usize = 4 + 4 + 16 + 4 + 40 + 4 + 4;
 const DEDUP_MIN_BYTES: usize = 4 + 4 + 4 + 16 + 8 + 1;
 const SLOT_WORDS_BYTES: usize = 8 * (SLOT_COUNT as usize / 64);
 // Version 2: Acquire, Renew, RenewBatch and Release carry the owner.
-const COMMAND_VERSION: u8 = 2;
+// Version 3: Cancel carries the attempt it cancels.
+const COMMAND_VERSION: u8 = 3;
 
 /// Why bytes could not be decoded.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -141,6 +144,14 @@ impl<'a> Reader<'a> {
         }
         Ok(v)
     }
+    /// A holder's or waiter's attempt number (at least the first).
+    fn attempt(&mut self) -> Result<u32, DecodeError> {
+        let v = self.u32()?;
+        if v < FIRST_ATTEMPT {
+            return Err(DecodeError::Invalid(format!("attempt {v}")));
+        }
+        Ok(v)
+    }
     /// A count of items that each take at least `min_item_bytes`: refuses
     /// counts the remaining input cannot hold, so corrupt input cannot make
     /// us allocate without bound.
@@ -234,10 +245,15 @@ impl Command {
                 w.owner(owner);
                 w.lease(lease_id);
             }
-            Command::Cancel { resource, lease_id } => {
+            Command::Cancel {
+                resource,
+                lease_id,
+                attempt,
+            } => {
                 w.u8(CMD_CANCEL);
                 w.name(resource);
                 w.lease(lease_id);
+                w.u32(*attempt);
             }
             Command::Tick => w.u8(CMD_TICK),
             Command::LeaderChanged {
@@ -323,6 +339,7 @@ impl Command {
             CMD_CANCEL => Command::Cancel {
                 resource: r.name()?,
                 lease_id: r.lease()?,
+                attempt: r.u32()?,
             },
             CMD_TICK => Command::Tick,
             CMD_LEADER_CHANGED => Command::LeaderChanged {
@@ -564,6 +581,7 @@ fn write_record(w: &mut Writer, name: &ResourceName, record: &Record) {
     w.u64(h.lease_ttl_ms);
     w.u64(h.stamped_expires_at_ms);
     w.u64(h.expires_at_ms);
+    w.u32(h.attempt);
     w.u32(record.waiters.len() as u32);
     for waiter in &record.waiters {
         w.lease(&waiter.lease_id);
@@ -572,6 +590,7 @@ fn write_record(w: &mut Writer, name: &ResourceName, record: &Record) {
         w.u64(waiter.lease_ttl_ms);
         w.u64(waiter.enqueued_at_ms);
         w.u64(waiter.wait_deadline_ms);
+        w.u32(waiter.attempt);
     }
 }
 
@@ -586,8 +605,9 @@ fn read_record(r: &mut Reader) -> Result<(ResourceName, Record), DecodeError> {
         lease_ttl_ms: r.ms(MAX_STORED_MS)?,
         stamped_expires_at_ms: r.ms(MAX_STORED_MS)?,
         expires_at_ms: r.ms(MAX_STORED_MS)?,
+        attempt: r.attempt()?,
     };
-    let n = r.count(16 + 4 + 4 + 24)?;
+    let n = r.count(16 + 4 + 4 + 24 + 4)?;
     let mut waiters = VecDeque::with_capacity(n);
     for _ in 0..n {
         waiters.push_back(Waiter {
@@ -597,15 +617,16 @@ fn read_record(r: &mut Reader) -> Result<(ResourceName, Record), DecodeError> {
             lease_ttl_ms: r.ms(MAX_STORED_MS)?,
             enqueued_at_ms: r.ms(MAX_STORED_MS)?,
             wait_deadline_ms: r.ms(MAX_STORED_MS)?,
+            attempt: r.attempt()?,
         });
     }
     Ok((name, Record { holder, waiters }))
 }
 
 fn write_dedup(w: &mut Writer, key: &DedupKey, entry: &DedupEntry) {
-    w.name(&key.resource);
-    w.owner(&key.owner);
-    w.bytes(key.request_id.as_bytes());
+    w.bytes(key.resource().as_bytes());
+    w.bytes(key.owner().as_bytes());
+    w.bytes(key.request_id());
     w.lease(&entry.lease_id);
     w.u64(entry.lease_ttl_ms);
     match entry.state {
@@ -636,11 +657,7 @@ fn write_dedup(w: &mut Writer, key: &DedupKey, entry: &DedupEntry) {
 }
 
 fn read_dedup(r: &mut Reader) -> Result<(DedupKey, DedupEntry), DecodeError> {
-    let key = DedupKey {
-        resource: r.name()?,
-        owner: r.owner()?,
-        request_id: r.request_id()?,
-    };
+    let key = DedupKey::new(&r.name()?, &r.owner()?, &r.request_id()?);
     let lease_id = r.lease()?;
     let lease_ttl_ms = r.ms(MAX_STORED_MS)?;
     let state = match r.u8()? {

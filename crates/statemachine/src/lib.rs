@@ -19,6 +19,7 @@
 //! * [`error`] — the one error type, with retry hints.
 
 pub mod codec;
+mod dedup_key;
 pub mod error;
 pub mod limits;
 pub mod machine;
@@ -31,7 +32,7 @@ pub mod types;
 pub use codec::DecodeError;
 pub use error::{LockError, Retry};
 pub use limits::Limits;
-pub use machine::LockTable;
+pub use machine::{LockTable, FIRST_ATTEMPT};
 pub use name::{NameError, ResourceName};
 pub use slots::{slot_of, SlotSet, SLOT_COUNT};
 pub use token::FencingToken;

@@ -31,6 +31,9 @@ use crate::types::*;
 /// most this many records plus dedup entries.
 const FULL_CHECK_MAX_ITEMS: usize = 4_096;
 
+/// The attempt number of an acquire's first (original) request.
+pub const FIRST_ATTEMPT: u32 = 1;
+
 /// The current holder of a resource.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Holder {
@@ -49,6 +52,9 @@ pub(crate) struct Holder {
     pub stamped_expires_at_ms: u64,
     /// The expiry actually enforced.
     pub expires_at_ms: u64,
+    /// The latest acquire attempt attached to this lease (see
+    /// [`Waiter::attempt`]); carried over from the waiter at a grant.
+    pub attempt: u32,
 }
 
 /// A queued acquire.
@@ -60,6 +66,12 @@ pub(crate) struct Waiter {
     pub lease_ttl_ms: u64,
     pub enqueued_at_ms: u64,
     pub wait_deadline_ms: u64,
+    /// The latest acquire attempt attached to this lease: 1 for the
+    /// original, one more for each retry by request id applied while the
+    /// acquire waits or holds. A `Cancel` names the attempt whose caller
+    /// went away and is ignored once a later attempt attached, because that
+    /// retry may already have been told of the grant.
+    pub attempt: u32,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -68,14 +80,7 @@ pub(crate) struct Record {
     pub waiters: VecDeque<Waiter>,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub(crate) struct DedupKey {
-    pub resource: ResourceName,
-    /// Request ids are the caller's: two identities using the same id name
-    /// two acquires, and one can never read the other's outcome.
-    pub owner: Owner,
-    pub request_id: RequestId,
-}
+pub(crate) use crate::dedup_key::DedupKey;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum DedupState {
@@ -315,10 +320,19 @@ impl LockTable {
                     self.end(resource, Some(owner), *lease_id, LeaseEnd::Released, events)?;
                 Ok(Reply::Released { released })
             }
-            Command::Cancel { resource, lease_id } => {
+            Command::Cancel {
+                resource,
+                lease_id,
+                attempt,
+            } => {
                 self.check_owned(resource)?;
                 // Proposed by the server for a caller that went away, never
-                // by a caller: no owner to check.
+                // by a caller: no owner to check. A later attempt (a retry
+                // by request id) attached since keeps the acquire alive.
+                self.settle(resource, events);
+                if self.latest_attempt(resource, *lease_id) != Some(*attempt) {
+                    return Ok(Reply::Cancelled { removed: false });
+                }
                 let removed = self.end(resource, None, *lease_id, LeaseEnd::Cancelled, events)?;
                 Ok(Reply::Cancelled { removed })
             }
@@ -484,18 +498,16 @@ impl LockTable {
             });
         }
         self.settle(resource, events);
-        let key = DedupKey {
-            resource: resource.clone(),
-            owner: owner.clone(),
-            request_id: request_id.clone(),
-        };
+        let key = DedupKey::new(resource, owner, request_id);
         if let Some(entry) = self.dedup.get(&key) {
             if entry.lease_ttl_ms != lease_ttl_ms {
                 return Err(LockError::RequestIdReused {
                     original_ttl_ms: entry.lease_ttl_ms,
                 });
             }
-            return Ok(self.dedup_reply(resource, entry));
+            let entry = entry.clone();
+            let attempt = self.attach_attempt(resource, &entry);
+            return Ok(self.dedup_reply(resource, &entry, attempt));
         }
         if self.dedup.len() >= self.limits.max_dedup_entries as usize {
             return Err(LockError::DedupTableFull {
@@ -528,6 +540,7 @@ impl LockTable {
                     lease_ttl_ms,
                     stamped_expires_at_ms: expires_at_ms,
                     expires_at_ms,
+                    attempt: FIRST_ATTEMPT,
                 };
                 self.expiry_index.insert((expires_at_ms, resource.clone()));
                 self.records.insert(
@@ -603,6 +616,7 @@ impl LockTable {
                     lease_ttl_ms,
                     enqueued_at_ms: now,
                     wait_deadline_ms,
+                    attempt: FIRST_ATTEMPT,
                 });
                 self.dedup.insert(
                     key,
@@ -622,12 +636,20 @@ impl LockTable {
             lease_id,
             deduplicated: false,
             status,
+            attempt: FIRST_ATTEMPT,
         })
     }
 
     /// What a retry of an earlier acquire learns: where that acquire stands
     /// now, under its original lease id.
-    fn dedup_reply(&self, resource: &ResourceName, entry: &DedupEntry) -> AcquireReply {
+    ///
+    /// `attempt` is the number this retry got from [`Self::attach_attempt`].
+    fn dedup_reply(
+        &self,
+        resource: &ResourceName,
+        entry: &DedupEntry,
+        attempt: u32,
+    ) -> AcquireReply {
         let status = match entry.state {
             DedupState::Waiting => {
                 let record = self.records.get(resource);
@@ -664,7 +686,46 @@ impl LockTable {
             lease_id: entry.lease_id,
             deduplicated: true,
             status,
+            attempt,
         }
+    }
+
+    /// A retry by request id of an acquire that still waits or holds
+    /// attaches to it as the next attempt, so that a `Cancel` for an earlier
+    /// attempt (whose caller went away) can no longer end a lease this retry
+    /// may be told it holds. Returns the retry's attempt number; 0 when the
+    /// acquire is over (nothing to attach to).
+    fn attach_attempt(&mut self, resource: &ResourceName, entry: &DedupEntry) -> u32 {
+        let Some(record) = self.records.get_mut(resource) else {
+            debug_assert!(
+                entry.state.forget_at_ms().is_some(),
+                "a live entry has its record"
+            );
+            return 0;
+        };
+        let attempt = match entry.state {
+            DedupState::Held { .. } => {
+                assert_eq!(
+                    record.holder.lease_id, entry.lease_id,
+                    "held by its entry's lease"
+                );
+                &mut record.holder.attempt
+            }
+            DedupState::Waiting => {
+                let waiter = record
+                    .waiters
+                    .iter_mut()
+                    .find(|w| w.lease_id == entry.lease_id)
+                    .expect("a waiting dedup entry has its waiter queued");
+                &mut waiter.attempt
+            }
+            DedupState::Ended { .. } | DedupState::WaitEnded { .. } => return 0,
+        };
+        debug_assert!(*attempt >= FIRST_ATTEMPT);
+        // Saturating: retries of one acquire are far fewer than u32::MAX
+        // (each is a committed entry).
+        *attempt = attempt.saturating_add(1);
+        *attempt
     }
 
     fn renew(
@@ -756,6 +817,20 @@ impl LockTable {
             return Ok(true);
         }
         Ok(false)
+    }
+
+    /// The latest attempt attached to `lease_id` on `resource`, if it holds
+    /// or waits there (call after settling, so an expired lease has none).
+    fn latest_attempt(&self, resource: &ResourceName, lease_id: LeaseId) -> Option<u32> {
+        let record = self.records.get(resource)?;
+        if record.holder.lease_id == lease_id {
+            return Some(record.holder.attempt);
+        }
+        record
+            .waiters
+            .iter()
+            .find(|w| w.lease_id == lease_id)
+            .map(|w| w.attempt)
     }
 
     /// Counts a held resource in (or out of) its tenant's total.
@@ -855,6 +930,7 @@ impl LockTable {
                             lease_ttl_ms: waiter.lease_ttl_ms,
                             stamped_expires_at_ms: expires_at_ms,
                             expires_at_ms,
+                            attempt: waiter.attempt,
                         };
                         self.records
                             .insert(resource.clone(), Record { holder, waiters });
@@ -928,11 +1004,7 @@ impl LockTable {
         request_id: &RequestId,
         state: DedupState,
     ) {
-        let key = DedupKey {
-            resource: resource.clone(),
-            owner: owner.clone(),
-            request_id: request_id.clone(),
-        };
+        let key = DedupKey::new(resource, owner, request_id);
         let entry = self
             .dedup
             .get_mut(&key)
@@ -1118,13 +1190,12 @@ impl LockTable {
     /// Checks every structural invariant of the table; `Err` names the first
     /// one broken. Run after every apply in debug builds and by the tests.
     pub fn check_invariants(&self) -> Result<(), String> {
-        for name in self
-            .records
-            .keys()
-            .chain(self.dedup.keys().map(|k| &k.resource))
-        {
-            if !self.owned.contains(slot_of(name)) {
-                return Err(format!("{name} kept in slot {} not owned", slot_of(name)));
+        let kept = (self.records.keys())
+            .map(|name| (name.as_str(), slot_of(name)))
+            .chain(self.dedup.keys().map(|k| (k.resource(), k.slot())));
+        for (name, slot) in kept {
+            if !self.owned.contains(slot) {
+                return Err(format!("{name} kept in slot {slot} not owned"));
             }
         }
         if self.exports.len() > crate::limits::MAX_PENDING_EXPORTS {
@@ -1168,13 +1239,12 @@ impl LockTable {
             if h.expires_at_ms < h.stamped_expires_at_ms {
                 return Err(format!("{name}: expiry below its stamp"));
             }
+            if h.attempt < FIRST_ATTEMPT {
+                return Err(format!("{name}: holder attempt {}", h.attempt));
+            }
             expiry.insert((h.expires_at_ms, name.clone()));
             *held.entry(name.tenant().to_owned()).or_default() += 1;
-            let key = DedupKey {
-                resource: name.clone(),
-                owner: h.owner.clone(),
-                request_id: h.request_id.clone(),
-            };
+            let key = DedupKey::new(name, &h.owner, &h.request_id);
             match self.dedup.get(&key) {
                 Some(e)
                     if e.lease_id == h.lease_id
@@ -1190,13 +1260,12 @@ impl LockTable {
                 if !ids.insert(w.lease_id) {
                     return Err(format!("{name}: lease id {} twice", w.lease_id));
                 }
+                if w.attempt < FIRST_ATTEMPT {
+                    return Err(format!("{name}: waiter attempt {}", w.attempt));
+                }
                 waits.insert((w.wait_deadline_ms, name.clone(), w.lease_id));
                 *tenants.entry(name.tenant().to_owned()).or_default() += 1;
-                let key = DedupKey {
-                    resource: name.clone(),
-                    owner: w.owner.clone(),
-                    request_id: w.request_id.clone(),
-                };
+                let key = DedupKey::new(name, &w.owner, &w.request_id);
                 match self.dedup.get(&key) {
                     Some(e) if e.lease_id == w.lease_id && e.state == DedupState::Waiting => {}
                     other => return Err(format!("{name}: waiter dedup entry is {other:?}")),

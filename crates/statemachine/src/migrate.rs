@@ -72,7 +72,7 @@ impl LockTable {
         let dedup: Vec<(DedupKey, DedupEntry)> = self
             .dedup
             .iter()
-            .filter(|(key, _)| moving(&key.resource))
+            .filter(|(key, _)| slots.contains(key.slot()))
             .map(|(k, e)| (k.clone(), e.clone()))
             .collect();
         let max_token = records
@@ -156,12 +156,11 @@ impl LockTable {
             )));
         }
         let export = decode_export(data).map_err(|e| refused(format!("export: {e}")))?;
-        let outside = export
-            .records
-            .iter()
-            .map(|(n, _)| n)
-            .chain(export.dedup.iter().map(|(k, _)| &k.resource))
-            .find(|n| !slots.contains(slot_of(n)));
+        let outside = (export.records.iter())
+            .map(|(n, _)| (n.as_str(), slot_of(n)))
+            .chain(export.dedup.iter().map(|(k, _)| (k.resource(), k.slot())))
+            .find(|(_, slot)| !slots.contains(*slot))
+            .map(|(name, _)| name);
         if let Some(name) = outside {
             return Err(refused(format!("export holds {name}, outside the slots")));
         }

@@ -169,6 +169,10 @@ pub enum Command {
     Cancel {
         resource: ResourceName,
         lease_id: LeaseId,
+        /// The attempt whose caller went away ([`AcquireReply::attempt`]).
+        /// Ignored if a later attempt attached since: that retry may have
+        /// been told it holds the lease.
+        attempt: u32,
     },
     /// Time moved on (the entry's `now_ms`): expire due leases, time out due
     /// waiters, forget old dedup entries. Bounded work per tick.
@@ -259,6 +263,11 @@ pub struct AcquireReply {
     /// `requestId` (the lease id is then the original one).
     pub deduplicated: bool,
     pub status: AcquireStatus,
+    /// Which attempt of the acquire this answers: 1 for the original, more
+    /// for retries by request id that attached to a waiting or held lease;
+    /// 0 for a retry of an acquire that is over. The server names it in the
+    /// `Cancel` it proposes if this caller goes away while waiting.
+    pub attempt: u32,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

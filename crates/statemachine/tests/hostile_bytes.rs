@@ -64,6 +64,7 @@ fn commands() -> Vec<Command> {
         Command::Cancel {
             resource: r("acme/a"),
             lease_id: LeaseId([3; 16]),
+            attempt: 2,
         },
         Command::Tick,
         Command::ExportSlots {

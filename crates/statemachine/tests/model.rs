@@ -52,6 +52,7 @@ struct MHolder {
     ttl: u64,
     stamped: u64,
     expires: u64,
+    attempt: u32,
 }
 
 #[derive(Clone, Debug)]
@@ -60,6 +61,7 @@ struct MWaiter {
     req: RequestId,
     ttl: u64,
     deadline: u64,
+    attempt: u32,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -216,9 +218,24 @@ impl Model {
             } => Ok(Reply::Released {
                 released: self.end(resource, *lease_id, LeaseEnd::Released, ev),
             }),
-            Command::Cancel { resource, lease_id } => Ok(Reply::Cancelled {
-                removed: self.end(resource, *lease_id, LeaseEnd::Cancelled, ev),
-            }),
+            Command::Cancel {
+                resource,
+                lease_id,
+                attempt,
+            } => {
+                // Only the latest attempt attached to the lease cancels it.
+                self.settle(resource, ev);
+                let latest = self.held.get(resource).and_then(|(h, q)| {
+                    if h.lease == *lease_id {
+                        Some(h.attempt)
+                    } else {
+                        q.iter().find(|w| w.lease == *lease_id).map(|w| w.attempt)
+                    }
+                });
+                let removed = latest == Some(*attempt)
+                    && self.end(resource, *lease_id, LeaseEnd::Cancelled, ev);
+                Ok(Reply::Cancelled { removed })
+            }
             Command::Tick => Ok(Reply::Ticked(self.tick(ev))),
             Command::LeaderChanged { .. } => unreachable!(),
             // Resharding moves state between tables; the single-table model
@@ -287,6 +304,7 @@ impl Model {
                     ttl: w.ttl,
                     stamped: expires,
                     expires,
+                    attempt: w.attempt,
                 };
                 self.held.insert(r.clone(), (h, q));
                 return;
@@ -334,30 +352,36 @@ impl Model {
                     original_ttl_ms: orig_ttl,
                 });
             }
-            let status = match state {
+            // A retry of a live acquire attaches as its next attempt.
+            let (status, attempt) = match state {
                 MDedup::Waiting => {
-                    let q = &self.held[r].1;
+                    let q = &mut self.held.get_mut(r).unwrap().1;
                     let i = q.iter().position(|w| w.lease == orig_lease).unwrap();
-                    AcquireStatus::Queued {
+                    q[i].attempt += 1;
+                    let status = AcquireStatus::Queued {
                         position: i as u32 + 1,
                         wait_deadline_ms: q[i].deadline,
-                    }
+                    };
+                    (status, q[i].attempt)
                 }
                 MDedup::Held(token) => {
-                    let h = &self.held[r].0;
-                    AcquireStatus::Held {
+                    let h = &mut self.held.get_mut(r).unwrap().0;
+                    h.attempt += 1;
+                    let status = AcquireStatus::Held {
                         token,
                         expires_at_ms: h.expires,
                         lease_ttl_ms: h.ttl,
-                    }
+                    };
+                    (status, h.attempt)
                 }
-                MDedup::Ended(token, ended, _) => AcquireStatus::Ended { token, ended },
-                MDedup::WaitEnded(e, _) => AcquireStatus::WaitEnded(e),
+                MDedup::Ended(token, ended, _) => (AcquireStatus::Ended { token, ended }, 0),
+                MDedup::WaitEnded(e, _) => (AcquireStatus::WaitEnded(e), 0),
             };
             return Ok(AcquireReply {
                 lease_id: orig_lease,
                 deduplicated: true,
                 status,
+                attempt,
             });
         }
         if self.dedup.len() >= self.l.max_dedup_entries as usize {
@@ -393,6 +417,7 @@ impl Model {
                 req: req.clone(),
                 ttl,
                 deadline,
+                attempt: FIRST_ATTEMPT,
             });
             let position = q.len() as u32;
             self.dedup
@@ -419,6 +444,7 @@ impl Model {
                 ttl,
                 stamped: expires,
                 expires,
+                attempt: FIRST_ATTEMPT,
             };
             self.held.insert(r.clone(), (h, VecDeque::new()));
             self.dedup
@@ -442,6 +468,7 @@ impl Model {
             lease_id: lease,
             deduplicated: false,
             status,
+            attempt: FIRST_ATTEMPT,
         })
     }
 
@@ -592,6 +619,7 @@ enum Op {
     Cancel {
         res: usize,
         pick: usize,
+        attempt: u32,
     },
     Tick,
     LeaderChanged {
@@ -620,7 +648,7 @@ fn op() -> impl Strategy<Value = Op> {
         3 => (0..4usize, any::<usize>(), 0..5usize).prop_map(|(res, pick, ttl)| Op::Renew { res, pick, ttl }),
         1 => prop::collection::vec((0..4usize, any::<usize>()), 0..4).prop_map(|picks| Op::RenewBatch { picks }),
         3 => (0..4usize, any::<usize>()).prop_map(|(res, pick)| Op::Release { res, pick }),
-        1 => (0..4usize, any::<usize>()).prop_map(|(res, pick)| Op::Cancel { res, pick }),
+        2 => (0..4usize, any::<usize>(), 1..4u32).prop_map(|(res, pick, attempt)| Op::Cancel { res, pick, attempt }),
         2 => Just(Op::Tick),
         1 => (0..4usize, any::<bool>()).prop_map(|(allowance, new_term)| Op::LeaderChanged { allowance, new_term }),
         1 => (0..4usize).prop_map(|res| Op::NotReady { res }),
@@ -935,9 +963,14 @@ fn run(steps: Vec<(Op, i64, bool)>) -> Result<(), TestCaseError> {
                 resource: res(r),
                 lease_id: pick_lease(&leases, r, pick),
             },
-            Op::Cancel { res: r, pick } => Command::Cancel {
+            Op::Cancel {
+                res: r,
+                pick,
+                attempt,
+            } => Command::Cancel {
                 resource: res(r),
                 lease_id: pick_lease(&leases, r, pick),
+                attempt,
             },
             Op::Tick => Command::Tick,
             Op::LeaderChanged {

@@ -253,6 +253,7 @@ fn cancelled_waiter_leaves_the_queue_and_a_granted_one_releases() {
     let r = s.apply(Command::Cancel {
         resource: name("acme/hot"),
         lease_id: LeaseId([2; 16]),
+        attempt: FIRST_ATTEMPT,
     });
     assert_eq!(r, Ok(Reply::Cancelled { removed: true }));
     assert_eq!(s.table.waiter_count(), 0);
@@ -260,6 +261,7 @@ fn cancelled_waiter_leaves_the_queue_and_a_granted_one_releases() {
     let r = s.apply(Command::Cancel {
         resource: name("acme/hot"),
         lease_id: LeaseId([1; 16]),
+        attempt: FIRST_ATTEMPT,
     });
     assert_eq!(r, Ok(Reply::Cancelled { removed: true }));
     assert_eq!(s.holder("acme/hot"), None);
@@ -271,6 +273,66 @@ fn cancelled_waiter_leaves_the_queue_and_a_granted_one_releases() {
             ..
         }
     ));
+}
+
+/// The chaos run that found it: a waiting acquire's caller went away, so the
+/// server proposed a cancel; meanwhile the lease was granted and the
+/// caller's retry (same request id) was answered "held" from the dedup
+/// table. The cancel, applied after that answer, must not end the lease.
+#[test]
+fn cancel_of_a_gone_attempt_spares_a_lease_its_retry_was_told_it_holds() {
+    let mut s = Shard::new();
+    s.acquire("acme/hot", "a", 1, 10_000, 0).unwrap();
+    let first = s.acquire("acme/hot", "b", 2, 10_000, 5_000).unwrap();
+    assert_eq!(first.attempt, FIRST_ATTEMPT);
+    s.release("acme/hot", 1);
+    assert_eq!(s.holder("acme/hot"), Some(LeaseId([2; 16])));
+    let retry = s.acquire("acme/hot", "b", 9, 10_000, 5_000).unwrap();
+    assert!(retry.deduplicated);
+    assert!(matches!(retry.status, AcquireStatus::Held { .. }));
+    assert_eq!(retry.attempt, FIRST_ATTEMPT + 1);
+    let r = s.apply(Command::Cancel {
+        resource: name("acme/hot"),
+        lease_id: LeaseId([2; 16]),
+        attempt: first.attempt,
+    });
+    assert_eq!(r, Ok(Reply::Cancelled { removed: false }));
+    assert_eq!(s.holder("acme/hot"), Some(LeaseId([2; 16])));
+    // The retry's own caller going away still cancels it.
+    let r = s.apply(Command::Cancel {
+        resource: name("acme/hot"),
+        lease_id: LeaseId([2; 16]),
+        attempt: retry.attempt,
+    });
+    assert_eq!(r, Ok(Reply::Cancelled { removed: true }));
+    assert_eq!(s.holder("acme/hot"), None);
+}
+
+/// The same race one step earlier: the retry attached while the acquire
+/// still waited, and is the caller the grant will be told to.
+#[test]
+fn cancel_of_a_gone_attempt_spares_a_waiter_its_retry_attached_to() {
+    let mut s = Shard::new();
+    s.acquire("acme/hot", "a", 1, 10_000, 0).unwrap();
+    let first = s.acquire("acme/hot", "b", 2, 10_000, 5_000).unwrap();
+    let retry = s.acquire("acme/hot", "b", 9, 10_000, 5_000).unwrap();
+    assert!(matches!(
+        retry.status,
+        AcquireStatus::Queued { position: 1, .. }
+    ));
+    assert_eq!(retry.attempt, first.attempt + 1);
+    let r = s.apply(Command::Cancel {
+        resource: name("acme/hot"),
+        lease_id: LeaseId([2; 16]),
+        attempt: first.attempt,
+    });
+    assert_eq!(r, Ok(Reply::Cancelled { removed: false }));
+    assert_eq!(s.table.waiter_count(), 1);
+    s.release("acme/hot", 1);
+    assert_eq!(s.holder("acme/hot"), Some(LeaseId([2; 16])));
+    // The attempt survives a snapshot (a new leader cancels by it too).
+    let restored = LockTable::restore(&s.table.snapshot()).unwrap();
+    assert_eq!(restored, s.table);
 }
 
 #[test]
@@ -966,17 +1028,20 @@ fn corrupt_commands_are_refused_without_panicking() {
         Command::decode(&[9, 1]),
         Err(DecodeError::UnsupportedVersion(9))
     ));
-    // Version 1 (before lease owners) is refused, not guessed at.
+    // Older versions (1: before lease owners; 2: before cancel attempts)
+    // are refused, not guessed at.
+    for old in [1, 2] {
+        assert!(matches!(
+            Command::decode(&[old, 6]),
+            Err(DecodeError::UnsupportedVersion(v)) if v == u32::from(old)
+        ));
+    }
     assert!(matches!(
-        Command::decode(&[1, 6]),
-        Err(DecodeError::UnsupportedVersion(1))
-    ));
-    assert!(matches!(
-        Command::decode(&[2, 99]),
+        Command::decode(&[3, 99]),
         Err(DecodeError::BadTag { .. })
     ));
     // A huge item count with no data behind it does not allocate.
-    assert!(Command::decode(&[2, 3, 0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff]).is_err());
+    assert!(Command::decode(&[3, 3, 0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff]).is_err());
 }
 
 // ------------------------------------------------------------ owners and tenants

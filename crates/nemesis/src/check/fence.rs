@@ -7,6 +7,12 @@
 //! Also: a refusal names a highest token above the refused one, and a read
 //! returns the last write acknowledged before it (acknowledged writes
 //! survive).
+//!
+//! A write with unknown outcome (a timeout, or a writer killed with the
+//! call in flight) may have been accepted: a read that returns it shows it
+//! was, at the seq the read names, and from then on it is checked like any
+//! accepted write (its token order), except that nobody was told of it, so
+//! it never counts as acknowledged.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -18,6 +24,8 @@ pub fn check(history: &History) -> Verdict {
     // resource -> accepted writes by seq: (token, value, op)
     let mut accepted: BTreeMap<&str, BTreeMap<u64, (i64, &str, &Operation)>> = BTreeMap::new();
     let mut seqs = BTreeSet::new();
+    // Writes that may have been accepted: (resource, token, value).
+    let mut maybe: BTreeSet<(&str, i64, &str)> = BTreeSet::new();
     for op in &history.ops {
         let Call::FenceWrite {
             resource,
@@ -41,8 +49,37 @@ pub fn check(history: &History) -> Verdict {
             Some(Reply::FenceRejected { highest }) if highest <= token => verdict.fail(format!(
                 "{resource}: token {token} refused though the highest accepted was {highest}"
             )),
+            None if op.is_unknown() => {
+                maybe.insert((resource, *token, value));
+            }
             _ => {}
         }
+    }
+    // Unknown writes that a read shows were accepted.
+    for op in &history.ops {
+        let (Call::FenceRead { resource }, Some(Reply::FenceValue { token, value, seq })) =
+            (&op.call, op.reply())
+        else {
+            continue;
+        };
+        let Some(value) = value.as_deref() else {
+            continue;
+        };
+        let Some(&(resource, token, value)) = maybe.get(&(resource.as_str(), *token, value)) else {
+            continue;
+        };
+        let writes = accepted.entry(resource).or_default();
+        if writes.contains_key(seq) || !seqs.insert(*seq) {
+            continue; // an acknowledged write holds that seq: checked below
+        }
+        let write = (history.ops.iter())
+            .find(|w| {
+                w.is_unknown()
+                    && matches!(&w.call, Call::FenceWrite { resource: r, token: t, value: v }
+                        if r == resource && *t == token && v == value)
+            })
+            .expect("listed in maybe");
+        writes.insert(*seq, (token, value, write));
     }
     for (resource, writes) in &accepted {
         let mut highest: Option<(i64, u64)> = None;
@@ -68,7 +105,9 @@ pub fn check(history: &History) -> Verdict {
         let writes = accepted.get(resource.as_str());
         let last_acked = writes.and_then(|w| {
             w.iter()
-                .filter(|(_, (_, _, write))| write.complete_ns < op.invoke_ns)
+                .filter(|(_, (_, _, write))| {
+                    !write.is_unknown() && write.complete_ns < op.invoke_ns
+                })
                 .map(|(seq, _)| *seq)
                 .max()
         });
@@ -157,6 +196,42 @@ mod tests {
         let h = Builder::default()
             .op(1, 0, 1, write(R, 42, "b"), accepted(1))
             .op(1, 2, 3, write(R, 42, "c"), rejected(42))
+            .build();
+        assert!(!check(&h).passed());
+    }
+
+    #[test]
+    fn a_read_may_reveal_a_write_whose_outcome_was_unknown() {
+        // The writer was killed with its write in flight; the fenced
+        // resource had accepted it.
+        let h = Builder::default()
+            .op(1, 0, 1, write(R, 42, "b1"), accepted(1))
+            .op(1, 2, 3, write(R, 42, "b2"), Done::Unknown)
+            .op(2, 5, 6, read(R), value(42, "b2", 2))
+            .build();
+        let v = check(&h);
+        assert!(v.passed(), "{v}");
+        // Revealed, it is held to the token order like any accepted write.
+        let h = Builder::default()
+            .op(1, 0, 1, write(R, 42, "b1"), accepted(1))
+            .op(2, 2, 3, write(R, 41, "a"), Done::Unknown)
+            .op(3, 5, 6, read(R), value(41, "a", 2))
+            .build();
+        let v = check(&h);
+        assert!(!v.passed());
+        assert!(v.problems[0].contains("token 41 accepted"), "{v}");
+        // But a value nobody tried to write is still a failure, and so is
+        // an unknown write claiming an acknowledged write's seq.
+        let h = Builder::default()
+            .op(1, 0, 1, write(R, 42, "b1"), accepted(1))
+            .op(1, 2, 3, write(R, 42, "b2"), Done::Unknown)
+            .op(2, 5, 6, read(R), value(42, "b3", 2))
+            .build();
+        assert!(!check(&h).passed());
+        let h = Builder::default()
+            .op(1, 0, 1, write(R, 42, "b1"), accepted(1))
+            .op(1, 2, 3, write(R, 42, "b2"), Done::Unknown)
+            .op(2, 5, 6, read(R), value(42, "b2", 1))
             .build();
         assert!(!check(&h).passed());
     }

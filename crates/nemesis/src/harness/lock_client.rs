@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use fencelock_api::v1::lock_service_client::LockServiceClient;
 use fencelock_api::v1::{
-    AcquireRequest, ErrorDetail, GetRequest, Reason, ReleaseRequest, RenewRequest,
+    AcquireRequest, ErrorDetail, GetRequest, LeaseState, Reason, ReleaseRequest, RenewRequest,
 };
 use rand::Rng;
 use tokio::time::Instant;
@@ -227,6 +227,21 @@ impl LockClient {
                 self.recorder.unknown(
                     self.process,
                     format!("{} after an ambiguous attempt", reason.as_str_name()),
+                );
+                None
+            }
+            // A retry answered from the dedup table with a lease that has
+            // ended since (released, expired, or cancelled because an
+            // earlier attempt's caller went away): the acquire took effect
+            // once, but this client never held the lock and must not use
+            // the lease. Not a grant; its effect is recorded as unknown.
+            Ended::Ok(a) if a.lease_state() != LeaseState::Held => {
+                self.recorder.unknown(
+                    self.process,
+                    format!(
+                        "granted earlier, lease since ended ({})",
+                        a.lease_state().as_str_name()
+                    ),
                 );
                 None
             }

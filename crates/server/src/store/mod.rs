@@ -208,6 +208,8 @@ struct PendingRead {
 /// An acquire waiting in a resource's queue.
 struct Waiting {
     resource: ResourceName,
+    /// The attempt this caller is (named in the `Cancel` if it goes away).
+    attempt: u32,
     tx: oneshot::Sender<AcquireResult>,
     caller: Caller,
 }
@@ -962,6 +964,7 @@ impl Store {
                             Command::Cancel {
                                 resource: w.resource,
                                 lease_id,
+                                attempt: w.attempt,
                             },
                             Responder::None,
                             w.caller,
@@ -1633,10 +1636,13 @@ fn respond(
             Ok(Reply::Acquire(a)) => {
                 if let AcquireStatus::Queued { .. } = a.status {
                     // Answered when a later apply grants or ends the wait.
+                    // A retry replaces an earlier attempt's entry: only the
+                    // latest attempt's caller can make the store cancel.
                     peer.waiting.insert(
                         a.lease_id,
                         Waiting {
                             resource,
+                            attempt: a.attempt,
                             tx,
                             caller,
                         },
@@ -1693,6 +1699,7 @@ fn on_event(
                         expires_at_ms: *expires_at_ms,
                         lease_ttl_ms: *lease_ttl_ms,
                     },
+                    attempt: w.attempt,
                 }));
             }
         }
@@ -1704,6 +1711,7 @@ fn on_event(
                     lease_id: *lease_id,
                     deduplicated: false,
                     status: AcquireStatus::WaitEnded(*ended),
+                    attempt: w.attempt,
                 };
                 let _ = w.tx.send(finish_acquire(peer.table.epoch(), reply));
             }
