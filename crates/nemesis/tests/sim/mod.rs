@@ -8,6 +8,7 @@
 //! * this module — one run of one seed: the nemesis schedule, the heal,
 //!   and the verdicts.
 
+pub mod attempts;
 pub mod clients;
 pub mod world;
 
