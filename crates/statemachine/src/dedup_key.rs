@@ -19,7 +19,7 @@
 use std::sync::Arc;
 
 use crate::name::ResourceName;
-use crate::slots::{fnv1a64, SLOT_COUNT};
+use crate::slots::slot_of_name;
 use crate::types::{Owner, RequestId};
 
 #[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -64,7 +64,7 @@ impl DedupKey {
 
     /// The slot of the key's resource (as [`crate::slot_of`] computes it).
     pub(crate) fn slot(&self) -> u32 {
-        (fnv1a64(self.parts().0) % u64::from(SLOT_COUNT)) as u32
+        slot_of_name(self.parts().0)
     }
 }
 

@@ -26,7 +26,13 @@ pub fn fnv1a64(bytes: &[u8]) -> u64 {
 
 /// The slot of a resource.
 pub fn slot_of(resource: &ResourceName) -> u32 {
-    (fnv1a64(resource.as_str().as_bytes()) % u64::from(SLOT_COUNT)) as u32
+    slot_of_name(resource.as_str().as_bytes())
+}
+
+/// The slot of a resource name already validated elsewhere (the dedup
+/// table's packed keys): the one formula [`slot_of`] uses.
+pub(crate) fn slot_of_name(name: &[u8]) -> u32 {
+    (fnv1a64(name) % u64::from(SLOT_COUNT)) as u32
 }
 
 /// A set of slots (a fixed-size bitmap: every set encodes to the same size).

@@ -96,6 +96,14 @@ impl Shard {
         }
     }
 
+    fn cancel(&mut self, res: &str, lease: u8, attempt: u32) -> Result<Reply, LockError> {
+        self.apply(Command::Cancel {
+            resource: name(res),
+            lease_id: LeaseId([lease; 16]),
+            attempt,
+        })
+    }
+
     fn holder(&self, res: &str) -> Option<LeaseId> {
         self.table.view(&name(res)).map(|v| v.lease_id)
     }
@@ -250,19 +258,11 @@ fn cancelled_waiter_leaves_the_queue_and_a_granted_one_releases() {
     let mut s = Shard::new();
     s.acquire("acme/hot", "a", 1, 10_000, 0).unwrap();
     s.acquire("acme/hot", "b", 2, 10_000, 5_000).unwrap();
-    let r = s.apply(Command::Cancel {
-        resource: name("acme/hot"),
-        lease_id: LeaseId([2; 16]),
-        attempt: FIRST_ATTEMPT,
-    });
+    let r = s.cancel("acme/hot", 2, FIRST_ATTEMPT);
     assert_eq!(r, Ok(Reply::Cancelled { removed: true }));
     assert_eq!(s.table.waiter_count(), 0);
     // Granted before the cancel was applied: the caller never learned of it.
-    let r = s.apply(Command::Cancel {
-        resource: name("acme/hot"),
-        lease_id: LeaseId([1; 16]),
-        attempt: FIRST_ATTEMPT,
-    });
+    let r = s.cancel("acme/hot", 1, FIRST_ATTEMPT);
     assert_eq!(r, Ok(Reply::Cancelled { removed: true }));
     assert_eq!(s.holder("acme/hot"), None);
     let retry = s.acquire("acme/hot", "a", 7, 10_000, 0).unwrap();
@@ -291,19 +291,11 @@ fn cancel_of_a_gone_attempt_spares_a_lease_its_retry_was_told_it_holds() {
     assert!(retry.deduplicated);
     assert!(matches!(retry.status, AcquireStatus::Held { .. }));
     assert_eq!(retry.attempt, FIRST_ATTEMPT + 1);
-    let r = s.apply(Command::Cancel {
-        resource: name("acme/hot"),
-        lease_id: LeaseId([2; 16]),
-        attempt: first.attempt,
-    });
+    let r = s.cancel("acme/hot", 2, first.attempt);
     assert_eq!(r, Ok(Reply::Cancelled { removed: false }));
     assert_eq!(s.holder("acme/hot"), Some(LeaseId([2; 16])));
     // The retry's own caller going away still cancels it.
-    let r = s.apply(Command::Cancel {
-        resource: name("acme/hot"),
-        lease_id: LeaseId([2; 16]),
-        attempt: retry.attempt,
-    });
+    let r = s.cancel("acme/hot", 2, retry.attempt);
     assert_eq!(r, Ok(Reply::Cancelled { removed: true }));
     assert_eq!(s.holder("acme/hot"), None);
 }
@@ -321,11 +313,7 @@ fn cancel_of_a_gone_attempt_spares_a_waiter_its_retry_attached_to() {
         AcquireStatus::Queued { position: 1, .. }
     ));
     assert_eq!(retry.attempt, first.attempt + 1);
-    let r = s.apply(Command::Cancel {
-        resource: name("acme/hot"),
-        lease_id: LeaseId([2; 16]),
-        attempt: first.attempt,
-    });
+    let r = s.cancel("acme/hot", 2, first.attempt);
     assert_eq!(r, Ok(Reply::Cancelled { removed: false }));
     assert_eq!(s.table.waiter_count(), 1);
     s.release("acme/hot", 1);

@@ -24,8 +24,8 @@ pub fn check(history: &History) -> Verdict {
     // resource -> accepted writes by seq: (token, value, op)
     let mut accepted: BTreeMap<&str, BTreeMap<u64, (i64, &str, &Operation)>> = BTreeMap::new();
     let mut seqs = BTreeSet::new();
-    // Writes that may have been accepted: (resource, token, value).
-    let mut maybe: BTreeSet<(&str, i64, &str)> = BTreeSet::new();
+    // Writes that may have been accepted, by (resource, token, value).
+    let mut maybe: BTreeMap<(&str, i64, &str), &Operation> = BTreeMap::new();
     for op in &history.ops {
         let Call::FenceWrite {
             resource,
@@ -50,7 +50,7 @@ pub fn check(history: &History) -> Verdict {
                 "{resource}: token {token} refused though the highest accepted was {highest}"
             )),
             None if op.is_unknown() => {
-                maybe.insert((resource, *token, value));
+                maybe.entry((resource, *token, value)).or_insert(op);
             }
             _ => {}
         }
@@ -65,20 +65,15 @@ pub fn check(history: &History) -> Verdict {
         let Some(value) = value.as_deref() else {
             continue;
         };
-        let Some(&(resource, token, value)) = maybe.get(&(resource.as_str(), *token, value)) else {
+        let Some((&(resource, token, value), &write)) =
+            maybe.get_key_value(&(resource.as_str(), *token, value))
+        else {
             continue;
         };
         let writes = accepted.entry(resource).or_default();
         if writes.contains_key(seq) || !seqs.insert(*seq) {
             continue; // an acknowledged write holds that seq: checked below
         }
-        let write = (history.ops.iter())
-            .find(|w| {
-                w.is_unknown()
-                    && matches!(&w.call, Call::FenceWrite { resource: r, token: t, value: v }
-                        if r == resource && *t == token && v == value)
-            })
-            .expect("listed in maybe");
         writes.insert(*seq, (token, value, write));
     }
     for (resource, writes) in &accepted {

@@ -6,7 +6,7 @@
 //! acquire the retry attached to alone (docs/safety.md, "Waiting").
 
 use fencelock_placement::PlacementMap;
-use fencelock_server::store::{AcquireResult, Responder, StoreMsg};
+use fencelock_server::store::{AcquireResult, ReplyResult, Responder, StoreMsg};
 use fencelock_statemachine::{
     slot_of, AcquireStatus, Command, LeaseId, Owner, Reply, RequestId, ResourceName,
 };
@@ -62,6 +62,18 @@ fn acquire(
     (msg, rx)
 }
 
+/// A command answered with a plain reply (release, renew).
+fn propose(shard_id: u64, command: Command) -> (StoreMsg, oneshot::Receiver<ReplyResult>) {
+    let (tx, rx) = oneshot::channel();
+    let msg = StoreMsg::Propose {
+        shard_id,
+        command,
+        responder: Responder::Reply(tx),
+        caller: None,
+    };
+    (msg, rx)
+}
+
 #[test]
 fn a_cancel_for_a_gone_first_attempt_spares_the_retry_that_attached() {
     let mut world = World::new(StdRng::seed_from_u64(11), None);
@@ -106,17 +118,14 @@ fn a_cancel_for_a_gone_first_attempt_spares_the_retry_that_attached() {
         "the retry still waits (attached to the first attempt's place)"
     );
 
-    let (tx, mut released) = oneshot::channel();
-    let release = StoreMsg::Propose {
+    let (release, mut released) = propose(
         shard_id,
-        command: Command::Release {
+        Command::Release {
             resource: resource.clone(),
             owner: Owner::anonymous(),
             lease_id: LeaseId([1; 16]),
         },
-        responder: Responder::Reply(tx),
-        caller: None,
-    };
+    );
     world.step(leader, vec![release], false);
     run_for(&mut world, 500);
     assert!(matches!(
@@ -131,18 +140,15 @@ fn a_cancel_for_a_gone_first_attempt_spares_the_retry_that_attached() {
     assert!(matches!(granted.status, AcquireStatus::Held { .. }));
     // And the grant it was told of stands after the cancel applied.
     run_for(&mut world, 1_000);
-    let (tx, mut renewed) = oneshot::channel();
-    let renew = StoreMsg::Propose {
+    let (renew, mut renewed) = propose(
         shard_id,
-        command: Command::Renew {
+        Command::Renew {
             resource: resource.clone(),
             owner: Owner::anonymous(),
             lease_id: LeaseId([2; 16]),
             lease_ttl_ms: 5_000,
         },
-        responder: Responder::Reply(tx),
-        caller: None,
-    };
+    );
     world.step(leader, vec![renew], false);
     run_for(&mut world, 500);
     assert!(
