@@ -29,6 +29,6 @@ pub mod shard_storage;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 
-pub use engine::{Cf, Engine, MemEngine, RocksEngine, WriteBatch, WriteOp};
+pub use engine::{Cf, Engine, EngineMemory, MemEngine, RocksEngine, WriteBatch, WriteOp};
 pub use error::{Error, Result};
 pub use shard_storage::{ShardStorage, SnapshotInfo};

@@ -342,6 +342,8 @@ struct ShardGauges {
     commit_index: IntGaugeVec,
     leaderless_seconds: prometheus::GaugeVec,
     voters: IntGaugeVec,
+    dedup_entries: IntGaugeVec,
+    snapshot_bytes: IntGaugeVec,
 }
 
 /// Node-wide gauges and counters read at scrape.
@@ -357,6 +359,10 @@ struct NodeGauges {
     transport_messages: IntCounter,
     audit_lines: IntCounter,
     audit_dropped: IntCounter,
+    resident_bytes: IntGauge,
+    memtable_bytes: IntGauge,
+    block_cache_bytes: IntGauge,
+    table_readers_bytes: IntGauge,
 }
 
 /// What the node publishes, read at scrape time.
@@ -372,6 +378,9 @@ pub struct NodeSnapshot {
     pub transport_messages_total: u64,
     pub audit_lines_total: u64,
     pub audit_dropped_total: u64,
+    pub engine_memory: fencelock_raftstore::EngineMemory,
+    /// The process's resident set size.
+    pub resident_bytes: u64,
 }
 
 /// The node's registry and every metric handle; see the module docs.
@@ -584,6 +593,16 @@ impl Metrics {
                 "fencelock_shard_voters",
                 "Voters in the shard's configuration as this replica sees it.",
             ),
+            dedup_entries: shard_gauge(
+                r,
+                "fencelock_shard_dedup_entries",
+                "Acquire outcomes this replica keeps for retries by request id (live leases and waits, and ended ones for lock.dedup_retention_ms); every replica reports, as each holds them in memory.",
+            ),
+            snapshot_bytes: shard_gauge(
+                r,
+                "fencelock_shard_snapshot_bytes",
+                "Size of the latest state-machine snapshot this replica took or installed (0 before the first since start).",
+            ),
         };
 
         let node = NodeGauges {
@@ -641,6 +660,26 @@ impl Metrics {
                 r,
                 "fencelock_audit_dropped_lines_total",
                 "Audit log lines dropped because the writer fell behind or the file could not be written.",
+            ),
+            resident_bytes: gauge(
+                r,
+                "fencelock_process_resident_memory_bytes",
+                "Resident set size of the node process.",
+            ),
+            memtable_bytes: gauge(
+                r,
+                "fencelock_storage_memtable_bytes",
+                "RocksDB memtables (written, not yet flushed), all column families.",
+            ),
+            block_cache_bytes: gauge(
+                r,
+                "fencelock_storage_block_cache_bytes",
+                "RocksDB block cache in use, all column families.",
+            ),
+            table_readers_bytes: gauge(
+                r,
+                "fencelock_storage_table_readers_bytes",
+                "RocksDB index and filter blocks of open SST files held outside the block cache.",
             ),
         };
         let info = IntGaugeVec::new(
@@ -714,6 +753,8 @@ impl Metrics {
             &g.applied_index,
             &g.commit_index,
             &g.voters,
+            &g.dedup_entries,
+            &g.snapshot_bytes,
         ] {
             // Replicas come and go (moves, splits): only current ones stay.
             vec.reset();
@@ -741,6 +782,12 @@ impl Metrics {
                 .with_label_values(&l)
                 .set(s.commit_index as i64);
             g.voters.with_label_values(&l).set(s.voters.len() as i64);
+            g.dedup_entries
+                .with_label_values(&l)
+                .set(s.dedup_entries as i64);
+            g.snapshot_bytes
+                .with_label_values(&l)
+                .set(s.snapshot_bytes as i64);
             g.leaderless_seconds
                 .with_label_values(&l)
                 .set(s.leaderless_ms as f64 / 1_000.0);
@@ -755,6 +802,14 @@ impl Metrics {
         n.store_queue_capacity.set(snap.store_queue_capacity as i64);
         n.in_flight_requests.set(snap.in_flight_requests as i64);
         n.draining.set(i64::from(snap.draining));
+        let as_gauge = |bytes: u64| i64::try_from(bytes).unwrap_or(i64::MAX);
+        n.resident_bytes.set(as_gauge(snap.resident_bytes));
+        n.memtable_bytes
+            .set(as_gauge(snap.engine_memory.memtable_bytes));
+        n.block_cache_bytes
+            .set(as_gauge(snap.engine_memory.block_cache_bytes));
+        n.table_readers_bytes
+            .set(as_gauge(snap.engine_memory.table_readers_bytes));
         // Counters kept elsewhere (transport, audit) are mirrored by
         // advancing ours to theirs.
         for (c, now) in [
@@ -781,14 +836,26 @@ mod tests {
                 shard_id: 3,
                 is_leader: true,
                 held: 7,
+                dedup_entries: 11,
+                snapshot_bytes: 4096,
                 ..Default::default()
             }],
+            engine_memory: fencelock_raftstore::EngineMemory {
+                memtable_bytes: 1 << 20,
+                ..Default::default()
+            },
+            resident_bytes: 5 << 20,
             ..Default::default()
         });
-        assert!(
-            text.contains("fencelock_shard_locks_held{shard=\"3\",node=\"1\"} 7"),
-            "{text}"
-        );
+        for line in [
+            "fencelock_shard_locks_held{shard=\"3\",node=\"1\"} 7",
+            "fencelock_shard_dedup_entries{shard=\"3\",node=\"1\"} 11",
+            "fencelock_shard_snapshot_bytes{shard=\"3\",node=\"1\"} 4096",
+            "fencelock_storage_memtable_bytes{node=\"1\"} 1048576",
+            "fencelock_process_resident_memory_bytes{node=\"1\"} 5242880",
+        ] {
+            assert!(text.contains(line), "{line} missing from {text}");
+        }
         for line in text.lines().filter(|l| l.starts_with("# TYPE ")) {
             let mut parts = line.split_whitespace().skip(2);
             let (name, kind) = (parts.next().unwrap(), parts.next().unwrap());

@@ -73,6 +73,7 @@ pub struct NodeView {
     transport: Arc<Transport>,
     life: Arc<Lifecycle>,
     audit: AuditStats,
+    engine: Arc<RocksEngine>,
     /// Running without TLS (`tls.insecure = true`): the status page warns.
     pub insecure: bool,
 }
@@ -96,8 +97,24 @@ impl NodeView {
             transport_messages_total: self.transport.messages_sent_total(),
             audit_lines_total: self.audit.lines_total(),
             audit_dropped_total: self.audit.dropped_total(),
+            engine_memory: self.engine.memory(),
+            resident_bytes: resident_bytes(),
         }
     }
+}
+
+/// This process's resident set size (`VmRSS`), or 0 where the platform
+/// does not report it.
+fn resident_bytes() -> u64 {
+    let Ok(status) = std::fs::read_to_string("/proc/self/status") else {
+        return 0;
+    };
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().strip_suffix("kB"))
+        .and_then(|kb| kb.trim().parse::<u64>().ok())
+        .map_or(0, |kb| kb * 1024)
 }
 
 /// Loads the node's TLS material, or warns loudly that there is none.
@@ -204,7 +221,7 @@ impl Node {
         let default_ttl = config.lock.default_lease_ttl_ms;
         let store = Store::open(
             config.clone(),
-            engine,
+            engine.clone(),
             transport.clone(),
             store_rx,
             status.clone(),
@@ -321,6 +338,7 @@ impl Node {
             transport: transport.clone(),
             life: life.clone(),
             audit: audit.stats(),
+            engine,
             insecure: !secure,
         });
         let (admin_addr, http_stop, http_task) = match admin_listener {

@@ -60,7 +60,12 @@ pub struct Limits {
     /// deterministic on every replica).
     pub max_held_per_tenant: u32,
     /// How long a finished acquire's outcome is kept for retries by
-    /// `requestId`, counted from when the lease or wait ended.
+    /// `requestId`, counted from when the lease or wait ended. While the
+    /// lease or wait lives its entry is always kept, so this never lets one
+    /// request id hold two live leases: a retry arriving later than this
+    /// after the end is a new acquire. The default (1 minute) is six times
+    /// the client's default call timeout; the memory it costs is about
+    /// 255 bytes per acquire in the window (see `docs/operations.md`).
     pub dedup_retention_ms: u64,
     /// Dedup entries kept by one shard; beyond it new acquires are refused.
     pub max_dedup_entries: u32,
@@ -81,7 +86,7 @@ impl Default for Limits {
             max_waiters_per_resource: 1_024,
             max_waiters_per_tenant: 10_000,
             max_held_per_tenant: 100_000,
-            dedup_retention_ms: 300_000,
+            dedup_retention_ms: 60_000,
             max_dedup_entries: 1_000_000,
             max_records: 1_000_000,
             max_retired_per_tick: 4_096,

@@ -21,7 +21,7 @@ mod mem;
 mod rocks;
 
 pub use mem::MemEngine;
-pub use rocks::RocksEngine;
+pub use rocks::{EngineMemory, RocksEngine};
 
 use std::fmt;
 

@@ -259,6 +259,9 @@ struct Peer {
     applied_index: u64,
     applied_term: u64,
     last_snapshot_index: u64,
+    /// Size of the latest snapshot's data (taken or installed; 0 before the
+    /// first one this process saw).
+    last_snapshot_bytes: u64,
     snapshots_installed: u64,
     /// Since when this replica has known no leader.
     leaderless_since: Option<Instant>,
@@ -315,6 +318,10 @@ pub struct ShardStatus {
     pub is_leader: bool,
     pub applied_index: u64,
     pub held: usize,
+    /// Dedup entries this replica keeps (live and retained outcomes).
+    pub dedup_entries: usize,
+    /// Size of the latest snapshot's data this replica took or installed.
+    pub snapshot_bytes: u64,
     /// Snapshots received from a leader and installed since start.
     pub snapshots_installed: u64,
     pub commit_index: u64,
@@ -558,6 +565,7 @@ impl Store {
                 applied_index: applied,
                 applied_term,
                 last_snapshot_index: applied,
+                last_snapshot_bytes: 0,
                 snapshots_installed: 0,
                 leaderless_since: None,
                 hot: hot::HotCounter::new(self.time.now()),
@@ -1189,6 +1197,7 @@ impl Store {
                         peer.applied_index = snap.get_metadata().index;
                         peer.applied_term = snap.get_metadata().term;
                         peer.last_snapshot_index = peer.applied_index;
+                        peer.last_snapshot_bytes = snap.get_data().len() as u64;
                         peer.snapshots_installed += 1;
                         obs.metrics.snapshots_installed.inc();
                     }
@@ -1288,6 +1297,8 @@ impl Store {
                     is_leader: p.is_ready_leader(),
                     applied_index: p.applied_index,
                     held: p.table.held_count(),
+                    dedup_entries: p.table.dedup_count(),
+                    snapshot_bytes: p.last_snapshot_bytes,
                     snapshots_installed: p.snapshots_installed,
                     commit_index: p.raw.raft.raft_log.committed,
                     epoch: p.table.epoch(),
@@ -1790,6 +1801,7 @@ fn maybe_snapshot(peer: &mut Peer, interval: u64, force: bool, batch: &mut Write
         .is_ok()
     {
         peer.last_snapshot_index = peer.applied_index;
+        peer.last_snapshot_bytes = data.len() as u64;
         let keep = LOG_KEEP_BEHIND_SNAPSHOT.min(interval / 2);
         let compact_to = peer.applied_index.saturating_sub(keep);
         if compact_to > store.truncated().0 {
