@@ -225,6 +225,50 @@ fn waiters_move_in_order_and_are_told_their_wait_moved() {
     assert_eq!(granted[0].1.epoch(), 5);
 }
 
+/// A retry attached to a lease or a wait before the move: after it, the
+/// target still knows which attempt is the latest, so the gone first
+/// caller's `Cancel` (proposed by the target's leader) cannot end a lease or
+/// a wait the retry was told of, and the retry's own still can.
+#[test]
+fn attempts_of_holders_and_waiters_survive_a_move() {
+    let (mut src, mut dst) = pair();
+    let r = name("acme/jobs/attempts");
+    src.acquire(&r, "h", 1, 0).unwrap();
+    let held_retry = src.acquire(&r, "h", 1, 0).unwrap();
+    src.acquire(&r, "w", 2, 60_000).unwrap();
+    let wait_retry = src.acquire(&r, "w", 2, 60_000).unwrap();
+    assert_eq!(held_retry.attempt, FIRST_ATTEMPT + 1);
+    assert_eq!(wait_retry.attempt, FIRST_ATTEMPT + 1);
+    let data = src.export(3, only(slot_of(&r))).unwrap();
+    dst.import(3, 4, only(slot_of(&r)), data).unwrap();
+
+    let cancel = |dst: &mut Shard, lease: u8, attempt: u32| {
+        dst.apply(Command::Cancel {
+            resource: r.clone(),
+            lease_id: LeaseId([lease; 16]),
+            attempt,
+        })
+    };
+    for lease in [1, 2] {
+        assert_eq!(
+            cancel(&mut dst, lease, FIRST_ATTEMPT),
+            Ok(Reply::Cancelled { removed: false })
+        );
+    }
+    assert_eq!(dst.table.view(&r).unwrap().lease_id, LeaseId([1; 16]));
+    assert_eq!(dst.table.waiter_count(), 1);
+    assert_eq!(
+        cancel(&mut dst, 2, wait_retry.attempt),
+        Ok(Reply::Cancelled { removed: true })
+    );
+    assert_eq!(dst.table.waiter_count(), 0);
+    assert_eq!(
+        cancel(&mut dst, 1, held_retry.attempt),
+        Ok(Reply::Cancelled { removed: true })
+    );
+    assert!(dst.table.view(&r).is_none());
+}
+
 #[test]
 fn export_and_import_are_idempotent_by_migration_id() {
     let (mut src, mut dst) = pair();

@@ -25,6 +25,7 @@
 //! [`Store::step`], which a deterministic simulation calls directly
 //! (docs/testing.md, "Deterministic simulation").
 
+mod compaction;
 mod hot;
 mod io;
 mod observe;
@@ -1781,14 +1782,20 @@ fn serve_reads(peer: &mut Peer) {
     }
 }
 
-/// Saves a state-machine snapshot and truncates the log behind it every
-/// `interval` applied entries, or now when `force` (raft-rs needs a snapshot
-/// newer than the saved one) and something was applied since.
+/// Saves a state-machine snapshot and truncates the log behind it once per
+/// `interval` applied entries (at a point of the shard's own, see
+/// [`compaction`]), or now when `force` (raft-rs needs a snapshot newer than
+/// the saved one) and something was applied since.
 /// Returns whether it took one.
 fn maybe_snapshot(peer: &mut Peer, interval: u64, force: bool, batch: &mut WriteBatch) -> bool {
-    if peer.applied_index < peer.last_snapshot_index + interval
-        && !(force && peer.applied_index > peer.last_snapshot_index)
-    {
+    let due = compaction::snapshot_due(
+        peer.shard_id,
+        peer.applied_index,
+        peer.last_snapshot_index,
+        interval,
+    );
+    let forced = force && peer.applied_index > peer.last_snapshot_index;
+    if !(due || forced) {
         return false;
     }
     let data = encode_state(&peer.table, peer.placement.as_ref());
