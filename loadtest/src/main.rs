@@ -146,6 +146,10 @@ struct CommonArgs {
     /// Acquire p99 bound of saturate, in ms.
     #[arg(long)]
     p99_bound_ms: Option<f64>,
+    /// Repeats of a failed saturate step before its rate counts as missed
+    /// (default 1; 0 stops at the first failed step).
+    #[arg(long)]
+    confirm_misses: Option<u32>,
 }
 
 impl CommonArgs {
@@ -180,6 +184,7 @@ impl CommonArgs {
         t.start_rate_per_s = self.start_rate.unwrap_or(t.start_rate_per_s);
         t.step_s = self.step_s.unwrap_or(t.step_s);
         t.p99_bound_ms = self.p99_bound_ms.unwrap_or(t.p99_bound_ms);
+        t.confirm_misses = self.confirm_misses.unwrap_or(t.confirm_misses);
         p
     }
 

@@ -7,9 +7,11 @@
 //! `step_s` seconds. A step *holds* when acquire p99 stays within
 //! `p99_bound_ms`, at most [`MAX_FAILED_RATIO`] of requests fail, and the
 //! target completes at least [`MIN_DELIVERED_RATIO`] of what was offered.
-//! The rate grows by `growth` per step until a step fails; then one step
-//! halfway between the last good rate and the failed one narrows the
-//! answer. The result is the highest rate that held.
+//! The rate grows by `growth` per step until a step fails; a failed step is
+//! run once more at the same rate (`confirm_misses`), so that one stall of a
+//! shared host cannot end the search: only a rate that fails twice in a row
+//! is a miss. Then one step halfway between the last good rate and the
+//! missed one narrows the answer. The result is the highest rate that held.
 //!
 //! Open loop matters here: past capacity, queues grow and the latency
 //! counted from the schedule explodes, so the boundary is sharp. A
@@ -35,6 +37,8 @@ pub const DEFAULT_STEP_S: u64 = 10;
 /// The brief's bound on uncontended acquire p99.
 pub const DEFAULT_P99_BOUND_MS: f64 = 200.0;
 pub const DEFAULT_MAX_STEPS: u32 = 12;
+/// Repeats of a failed step before its rate counts as missed.
+pub const DEFAULT_CONFIRM_MISSES: u32 = 1;
 /// Closed loop: callers of the first step, and the most of any step.
 pub const DEFAULT_START_CLIENTS: u32 = 4;
 pub const DEFAULT_MAX_CLIENTS: u32 = 1_024;
@@ -69,7 +73,11 @@ pub struct SaturateConfig {
     pub growth: f64,
     pub step_s: u64,
     pub p99_bound_ms: f64,
+    /// Most rates tried while growing (repeats not counted).
     pub max_steps: u32,
+    /// Open loop: how often a failed step is repeated at the same rate
+    /// before the rate counts as missed.
+    pub confirm_misses: u32,
 }
 
 impl Default for SaturateConfig {
@@ -83,6 +91,7 @@ impl Default for SaturateConfig {
             step_s: DEFAULT_STEP_S,
             p99_bound_ms: DEFAULT_P99_BOUND_MS,
             max_steps: DEFAULT_MAX_STEPS,
+            confirm_misses: DEFAULT_CONFIRM_MISSES,
         }
     }
 }
@@ -123,33 +132,81 @@ pub async fn run(
         return run_closed(ctx, config, &free).await;
     }
     let mut findings = SaturateFindings::default();
-    let mut rate = config.start_rate_per_s;
-    let mut failed_rate = None;
-    for _ in 0..config.max_steps {
+    while let Some(rate) = next_rate(config, &findings.steps) {
         let step = run_step(ctx, config, &free, rate).await?;
-        let held = step.held;
         findings.steps.push(step);
-        if held {
-            findings.best_ops_per_s = findings.best_ops_per_s.max(rate);
-            rate *= config.growth;
-        } else {
-            failed_rate = Some(rate);
-            break;
-        }
     }
-    // One step between the last good rate and the first bad one.
-    if let Some(bad) = failed_rate {
-        let good = findings.best_ops_per_s;
-        if good > 0.0 {
-            let middle = (good + bad) / 2.0;
-            let step = run_step(ctx, config, &free, middle).await?;
-            if step.held {
-                findings.best_ops_per_s = middle;
-            }
-            findings.steps.push(step);
-        }
-    }
+    findings.best_ops_per_s = best_held(&findings.steps);
     Ok(findings)
+}
+
+/// The open-loop search as a function of the steps so far: the rate of the
+/// next step, or `None` when the search is over (see the module docs).
+fn next_rate(config: &SaturateConfig, steps: &[Step]) -> Option<f64> {
+    let Some(last) = steps.last() else {
+        return Some(config.start_rate_per_s);
+    };
+    // Consecutive failed steps at the last step's rate.
+    let failures_in_a_row = steps
+        .iter()
+        .rev()
+        .take_while(|s| !s.held && s.offered_per_s == last.offered_per_s)
+        .count() as u32;
+    // The first rate that failed `confirm_misses + 1` times in a row.
+    let missed = steps
+        .windows(config.confirm_misses as usize + 1)
+        .filter(|w| {
+            w.iter()
+                .all(|s| !s.held && s.offered_per_s == w[0].offered_per_s)
+        })
+        .map(|w| w[0].offered_per_s)
+        .next();
+    match missed {
+        None if !last.held && failures_in_a_row <= config.confirm_misses => {
+            Some(last.offered_per_s)
+        }
+        None => {
+            let rates_tried = distinct_rates(steps);
+            (rates_tried < config.max_steps).then_some(last.offered_per_s * config.growth)
+        }
+        Some(bad) => {
+            // The last rate that held before the miss; the middle step
+            // does not move it (one narrowing step, not a bisection).
+            let first_bad = steps
+                .iter()
+                .position(|s| s.offered_per_s == bad)
+                .unwrap_or(steps.len());
+            let good = best_held(&steps[..first_bad]);
+            if good <= 0.0 || good >= bad {
+                return None;
+            }
+            let middle = (good + bad) / 2.0;
+            let (held, failed) = steps
+                .iter()
+                .filter(|s| s.offered_per_s == middle)
+                .fold((false, 0u32), |(h, f), s| {
+                    (h || s.held, f + u32::from(!s.held))
+                });
+            (!held && failed <= config.confirm_misses).then_some(middle)
+        }
+    }
+}
+
+/// Distinct offered rates among `steps`.
+fn distinct_rates(steps: &[Step]) -> u32 {
+    let mut rates: Vec<f64> = steps.iter().map(|s| s.offered_per_s).collect();
+    rates.sort_by(f64::total_cmp);
+    rates.dedup();
+    rates.len() as u32
+}
+
+/// The highest offered rate of a step that held (0 if none did).
+fn best_held(steps: &[Step]) -> f64 {
+    steps
+        .iter()
+        .filter(|s| s.held)
+        .map(|s| s.offered_per_s)
+        .fold(0.0, f64::max)
 }
 
 /// Closed loop: doubles the callers per step; the result is the best
@@ -312,4 +369,103 @@ async fn run_step(
         );
     }
     Ok(step)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn step(rate: f64, held: bool) -> Step {
+        Step {
+            offered_per_s: rate,
+            delivered_per_s: rate,
+            acquire_p50_ms: 1.0,
+            acquire_p99_ms: if held { 10.0 } else { 500.0 },
+            release_p99_ms: 1.0,
+            failed: 0,
+            held,
+        }
+    }
+
+    /// Runs the search against a target whose outcome at each call is
+    /// given by `holds(rate, attempt_at_that_rate)`.
+    fn search(config: &SaturateConfig, holds: impl Fn(f64, u32) -> bool) -> (Vec<Step>, f64) {
+        let mut steps: Vec<Step> = Vec::new();
+        while let Some(rate) = next_rate(config, &steps) {
+            assert!(steps.len() < 64, "the search must end: {steps:?}");
+            let attempt = steps.iter().filter(|s| s.offered_per_s == rate).count() as u32;
+            steps.push(step(rate, holds(rate, attempt)));
+        }
+        let best = best_held(&steps);
+        (steps, best)
+    }
+
+    fn config() -> SaturateConfig {
+        SaturateConfig {
+            start_rate_per_s: 1_000.0,
+            growth: 2.0,
+            ..SaturateConfig::default()
+        }
+    }
+
+    #[test]
+    fn one_stall_does_not_end_the_search() {
+        // 4,000 ops/s fails once (a stall), then holds; capacity is 10,000.
+        let (steps, best) = search(&config(), |rate, attempt| {
+            rate <= 10_000.0 && !(rate == 4_000.0 && attempt == 0)
+        });
+        let rates: Vec<f64> = steps.iter().map(|s| s.offered_per_s).collect();
+        assert_eq!(
+            rates,
+            vec![
+                1_000.0, 2_000.0, 4_000.0, 4_000.0, 8_000.0, 16_000.0, 16_000.0, 12_000.0, 12_000.0
+            ]
+        );
+        assert_eq!(best, 8_000.0);
+    }
+
+    #[test]
+    fn a_rate_that_fails_twice_is_missed_and_the_middle_is_tried() {
+        let (steps, best) = search(&config(), |rate, _| rate <= 5_000.0);
+        let rates: Vec<f64> = steps.iter().map(|s| s.offered_per_s).collect();
+        assert_eq!(
+            rates,
+            vec![1_000.0, 2_000.0, 4_000.0, 8_000.0, 8_000.0, 6_000.0, 6_000.0]
+        );
+        assert_eq!(best, 4_000.0);
+        // The middle holding ends the search at once.
+        let (steps, best) = search(&config(), |rate, _| rate <= 6_000.0);
+        assert_eq!(steps.last().map(|s| s.offered_per_s), Some(6_000.0));
+        assert_eq!(best, 6_000.0);
+    }
+
+    #[test]
+    fn without_confirmation_the_first_failure_is_a_miss() {
+        let config = SaturateConfig {
+            confirm_misses: 0,
+            ..config()
+        };
+        let (steps, best) = search(&config, |rate, attempt| !(rate == 4_000.0 && attempt == 0));
+        let rates: Vec<f64> = steps.iter().map(|s| s.offered_per_s).collect();
+        assert_eq!(rates, vec![1_000.0, 2_000.0, 4_000.0, 3_000.0]);
+        assert_eq!(best, 3_000.0);
+    }
+
+    #[test]
+    fn the_search_stops_after_max_steps_rates_or_a_failed_start() {
+        let config = SaturateConfig {
+            max_steps: 3,
+            ..config()
+        };
+        let (steps, best) = search(&config, |_, _| true);
+        assert_eq!(steps.len(), 3);
+        assert_eq!(best, 4_000.0);
+        let (steps, best) = search(&config, |_, _| false);
+        assert_eq!(
+            steps.len(),
+            2,
+            "the start rate is confirmed, then nothing is left"
+        );
+        assert_eq!(best, 0.0);
+    }
 }
