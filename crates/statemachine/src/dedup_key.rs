@@ -91,6 +91,55 @@ mod tests {
         )
     }
 
+    /// An ended acquire's forget-index entry points at the very bytes its
+    /// table key holds: the memory figures in docs/operations.md count one
+    /// copy per entry.
+    #[test]
+    fn an_ended_acquire_shares_its_key_with_the_forget_index() {
+        use crate::{ApplyContext, Command, LeaseId, Limits, LockTable};
+        let mut table = LockTable::new(Limits::default()).unwrap();
+        let mut index = 0;
+        let mut apply = |table: &mut LockTable, c: Command| {
+            index += 1;
+            let ctx = ApplyContext {
+                index,
+                term: 1,
+                epoch: 1,
+                now_ms: 1_000_000,
+            };
+            table.apply(&c, &ctx).reply.unwrap();
+        };
+        apply(
+            &mut table,
+            Command::LeaderChanged {
+                clock_offset_allowance_ms: 0,
+            },
+        );
+        let resource = ResourceName::parse("acme/a").unwrap();
+        apply(
+            &mut table,
+            Command::Acquire {
+                owner: Owner::anonymous(),
+                resource: resource.clone(),
+                request_id: RequestId::new(b"r".to_vec()).unwrap(),
+                lease_id: LeaseId([1; 16]),
+                lease_ttl_ms: 10_000,
+                wait_timeout_ms: 0,
+            },
+        );
+        apply(
+            &mut table,
+            Command::Release {
+                owner: Owner::anonymous(),
+                resource,
+                lease_id: LeaseId([1; 16]),
+            },
+        );
+        let (stored, _) = table.dedup.first_key_value().unwrap();
+        let (_, indexed) = table.forget_index.first().unwrap();
+        assert!(Arc::ptr_eq(&stored.0, &indexed.0));
+    }
+
     #[test]
     fn packed_key_gives_back_its_parts_and_slot() {
         let k = key(

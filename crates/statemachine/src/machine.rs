@@ -1004,14 +1004,16 @@ impl LockTable {
         request_id: &RequestId,
         state: DedupState,
     ) {
-        let key = DedupKey::new(resource, owner, request_id);
-        let entry = self
-            .dedup
-            .get_mut(&key)
-            .expect("every live lease and waiter has a dedup entry");
-        debug_assert!(entry.state.forget_at_ms().is_none());
-        entry.state = state;
+        let probe = DedupKey::new(resource, owner, request_id);
+        let std::collections::btree_map::Entry::Occupied(mut slot) = self.dedup.entry(probe) else {
+            panic!("every live lease and waiter has a dedup entry");
+        };
+        debug_assert!(slot.get().state.forget_at_ms().is_none());
+        slot.get_mut().state = state;
         if let Some(at) = state.forget_at_ms() {
+            // The key stored in the table, not the probe: the index shares
+            // its allocation (one copy of the bytes per entry).
+            let key = slot.key().clone();
             self.forget_index.insert((at, key));
         }
     }
