@@ -770,24 +770,19 @@ impl Metrics {
                 g.waiters.with_label_values(&l).set(s.waiters as i64);
                 waiting += s.waiters;
             }
-            g.is_leader
-                .with_label_values(&l)
-                .set(i64::from(s.is_leader));
-            g.epoch.with_label_values(&l).set(s.epoch as i64);
-            g.term.with_label_values(&l).set(s.term as i64);
-            g.applied_index
-                .with_label_values(&l)
-                .set(s.applied_index as i64);
-            g.commit_index
-                .with_label_values(&l)
-                .set(s.commit_index as i64);
-            g.voters.with_label_values(&l).set(s.voters.len() as i64);
-            g.dedup_entries
-                .with_label_values(&l)
-                .set(s.dedup_entries as i64);
-            g.snapshot_bytes
-                .with_label_values(&l)
-                .set(s.snapshot_bytes as i64);
+            let gauge = |bytes: u64| i64::try_from(bytes).unwrap_or(i64::MAX);
+            for (vec, value) in [
+                (&g.is_leader, i64::from(s.is_leader)),
+                (&g.epoch, gauge(s.epoch)),
+                (&g.term, gauge(s.term)),
+                (&g.applied_index, gauge(s.applied_index)),
+                (&g.commit_index, gauge(s.commit_index)),
+                (&g.voters, s.voters.len() as i64),
+                (&g.dedup_entries, s.dedup_entries as i64),
+                (&g.snapshot_bytes, gauge(s.snapshot_bytes)),
+            ] {
+                vec.with_label_values(&l).set(value);
+            }
             g.leaderless_seconds
                 .with_label_values(&l)
                 .set(s.leaderless_ms as f64 / 1_000.0);

@@ -146,12 +146,6 @@ fn next_rate(config: &SaturateConfig, steps: &[Step]) -> Option<f64> {
     let Some(last) = steps.last() else {
         return Some(config.start_rate_per_s);
     };
-    // Consecutive failed steps at the last step's rate.
-    let failures_in_a_row = steps
-        .iter()
-        .rev()
-        .take_while(|s| !s.held && s.offered_per_s == last.offered_per_s)
-        .count() as u32;
     // The first rate that failed `confirm_misses + 1` times in a row.
     let missed = steps
         .windows(config.confirm_misses as usize + 1)
@@ -162,9 +156,8 @@ fn next_rate(config: &SaturateConfig, steps: &[Step]) -> Option<f64> {
         .map(|w| w[0].offered_per_s)
         .next();
     match missed {
-        None if !last.held && failures_in_a_row <= config.confirm_misses => {
-            Some(last.offered_per_s)
-        }
+        // Failed, not yet confirmed: repeat the rate.
+        None if !last.held => Some(last.offered_per_s),
         None => {
             let rates_tried = distinct_rates(steps);
             (rates_tried < config.max_steps).then_some(last.offered_per_s * config.growth)
@@ -400,6 +393,10 @@ mod tests {
         (steps, best)
     }
 
+    fn rates(steps: &[Step]) -> Vec<f64> {
+        steps.iter().map(|s| s.offered_per_s).collect()
+    }
+
     fn config() -> SaturateConfig {
         SaturateConfig {
             start_rate_per_s: 1_000.0,
@@ -414,9 +411,8 @@ mod tests {
         let (steps, best) = search(&config(), |rate, attempt| {
             rate <= 10_000.0 && !(rate == 4_000.0 && attempt == 0)
         });
-        let rates: Vec<f64> = steps.iter().map(|s| s.offered_per_s).collect();
         assert_eq!(
-            rates,
+            rates(&steps),
             vec![
                 1_000.0, 2_000.0, 4_000.0, 4_000.0, 8_000.0, 16_000.0, 16_000.0, 12_000.0, 12_000.0
             ]
@@ -427,9 +423,8 @@ mod tests {
     #[test]
     fn a_rate_that_fails_twice_is_missed_and_the_middle_is_tried() {
         let (steps, best) = search(&config(), |rate, _| rate <= 5_000.0);
-        let rates: Vec<f64> = steps.iter().map(|s| s.offered_per_s).collect();
         assert_eq!(
-            rates,
+            rates(&steps),
             vec![1_000.0, 2_000.0, 4_000.0, 8_000.0, 8_000.0, 6_000.0, 6_000.0]
         );
         assert_eq!(best, 4_000.0);
@@ -446,8 +441,7 @@ mod tests {
             ..config()
         };
         let (steps, best) = search(&config, |rate, attempt| !(rate == 4_000.0 && attempt == 0));
-        let rates: Vec<f64> = steps.iter().map(|s| s.offered_per_s).collect();
-        assert_eq!(rates, vec![1_000.0, 2_000.0, 4_000.0, 3_000.0]);
+        assert_eq!(rates(&steps), vec![1_000.0, 2_000.0, 4_000.0, 3_000.0]);
         assert_eq!(best, 3_000.0);
     }
 
