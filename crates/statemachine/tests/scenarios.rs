@@ -376,6 +376,23 @@ fn dedup_entries_are_forgotten_after_the_retention_window() {
     assert!(!fresh.deduplicated);
 }
 
+/// The retention only starts when the lease ends: a lease held longer than
+/// the window keeps its entry, so a late retry gets the same lease, never a
+/// second one (docs/safety.md, "Deduplication").
+#[test]
+fn a_lease_held_longer_than_the_retention_keeps_its_dedup_entry() {
+    let mut s = Shard::new();
+    let retention = s.table.limits().dedup_retention_ms;
+    let ttl = 3 * retention;
+    s.acquire("acme/long", "req", 1, ttl, 0).unwrap();
+    s.advance(2 * retention);
+    s.apply(Command::Tick).unwrap();
+    let retry = s.acquire("acme/long", "req", 2, ttl, 0).unwrap();
+    assert!(retry.deduplicated);
+    assert_eq!(retry.lease_id, LeaseId([1; 16]));
+    assert!(matches!(retry.status, AcquireStatus::Held { .. }));
+}
+
 #[test]
 fn leases_expire_only_through_commands_carrying_time() {
     let mut s = Shard::new();
