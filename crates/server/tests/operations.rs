@@ -41,6 +41,59 @@ async fn scrape_all(cluster: &Cluster) -> Vec<ops_support::Sample> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn every_snapshot_taken_is_timed_so_operators_see_its_stall() {
+    let cluster = Cluster::start(3, |c| {
+        c.admin_listen_addr = Some("127.0.0.1:0".into());
+        c.raft.snapshot_interval_entries = 100;
+    })
+    .await;
+    // Sequential acquires: one entry each, spread over the shards, until a
+    // shard's applied index crosses its (phased) snapshot point.
+    let mut taken = 0.0;
+    for i in 0..2_000 {
+        let r = format!("acme/snap-{i}");
+        acquire(&cluster, 1, acquire_req(&r, &format!("s-{i}"), 60_000, 0))
+            .await
+            .unwrap();
+        if i % 50 == 49 {
+            taken = sum(
+                &scrape_all(&cluster).await,
+                "fencelock_raft_snapshots_total",
+                &[("kind", "taken")],
+            );
+            if taken > 0.0 {
+                break;
+            }
+        }
+    }
+    assert!(taken > 0.0, "no snapshot within 2000 acquires");
+    // Counter and histogram are flushed at the same tick (a scrape may fall
+    // between the two): on every node, each snapshot taken has exactly one
+    // duration observation.
+    for id in cluster.nodes.keys() {
+        eventually(Duration::from_secs(10), || async {
+            let node = scrape(&cluster, *id).await;
+            let timed = sum(
+                &node,
+                "fencelock_store_snapshot_duration_seconds_count",
+                &[],
+            );
+            let taken = sum(
+                &node,
+                "fencelock_raft_snapshots_total",
+                &[("kind", "taken")],
+            );
+            if timed == taken {
+                Ok(())
+            } else {
+                Err(format!("node {id}: {timed} timed, {taken} taken"))
+            }
+        })
+        .await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn metrics_count_requests_commits_fsyncs_and_locks_per_shard_without_resource_labels() {
     let cluster = cluster_with_admin_ports().await;
     let mut leases = Vec::new();
@@ -120,6 +173,22 @@ async fn metrics_count_requests_commits_fsyncs_and_locks_per_shard_without_resou
         ) > 0.0
     );
     assert!(sum(&samples, "fencelock_store_fsync_entries_sum", &[]) > 0.0);
+    // Each synced write happens inside a store-loop iteration, and both are
+    // flushed at the same tick: the loop's busy time covers the fsyncs'.
+    for id in cluster.nodes.keys() {
+        let node = scrape(&cluster, *id).await;
+        let busy = sum(&node, "fencelock_store_iteration_duration_seconds_sum", &[]);
+        let synced = sum(&node, "fencelock_store_fsync_duration_seconds_sum", &[]);
+        assert!(
+            sum(
+                &node,
+                "fencelock_store_iteration_duration_seconds_count",
+                &[]
+            ) > 0.0,
+            "node {id}: no iteration measured"
+        );
+        assert!(busy >= synced, "node {id}: busy {busy}s < fsync {synced}s");
+    }
     assert!(sum(&samples, "fencelock_store_fsync_commands_sum", &[]) >= 26.0);
     assert!(
         sum(

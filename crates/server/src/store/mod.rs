@@ -634,6 +634,7 @@ impl Store {
     /// it directly and so decides when ticks happen. A `Shutdown` among
     /// `msgs` is ignored (stopping is the caller's decision).
     pub fn step(&mut self, msgs: impl IntoIterator<Item = StoreMsg>, tick: bool) {
+        let started = self.time.now();
         for msg in msgs {
             self.handle(msg);
         }
@@ -649,6 +650,11 @@ impl Store {
             }
         }
         self.publish_map();
+        let busy = self.time.now().saturating_duration_since(started);
+        self.obs
+            .metrics
+            .iteration_seconds
+            .observe(busy.as_secs_f64());
         // Status is for observers (tests, admin views): once per Raft
         // tick is fresh enough and keeps the lock off the busy path.
         if tick {
@@ -1249,6 +1255,7 @@ impl Store {
                 // Not applied that far yet: ask again next time.
                 peer.raw.store().request_snapshot(requested.unwrap_or(0));
             }
+            let snapshot_started = self.time.now();
             if maybe_snapshot(
                 peer,
                 self.config.raft.snapshot_interval_entries,
@@ -1256,6 +1263,12 @@ impl Store {
                 &mut self.deferred,
             ) {
                 obs.metrics.snapshots_taken.inc();
+                obs.metrics.snapshot_seconds.observe(
+                    self.time
+                        .now()
+                        .saturating_duration_since(snapshot_started)
+                        .as_secs_f64(),
+                );
             }
         }
         self.obs.metrics.snapshots_sent.inc_by(snapshots_sent);
