@@ -228,6 +228,19 @@ async fn whole_cluster_restart_recovers_every_grant_from_disk() {
         let g = get(&cluster, 1, r).await.unwrap();
         assert!(g.held && g.fencing_token == *t, "{r} not recovered: {g:?}");
     }
+    // Every replica restarted from a snapshot on disk (at least the
+    // bootstrap one) and reports its size before taking a new one.
+    for id in 1..=3 {
+        let status = cluster.nodes[&id].shard_status();
+        assert!(!status.is_empty(), "node {id} published no status");
+        for st in status {
+            assert!(
+                st.snapshot_bytes > 0,
+                "node {id} shard {}: no snapshot size after restart",
+                st.shard_id
+            );
+        }
+    }
     // New grants after the restart get larger tokens.
     let r = &tokens[0].0;
     let a = acquire(

@@ -511,17 +511,23 @@ impl Store {
         storage: ShardStorage<dyn Engine>,
     ) -> Result<(), ServerError> {
         let storage_err = |e: fencelock_raftstore::Error| ServerError::Storage(e.to_string());
-        let (table, placement, applied, applied_term) = match storage.state_machine_snapshot() {
+        // The saved snapshot's size is reported as the shard's snapshot
+        // bytes from the start, not only after the next one is taken.
+        let (table, placement, applied, applied_term, snapshot_bytes) = match storage
+            .state_machine_snapshot()
+        {
             Ok(Some(snap)) => {
                 let (table, placement) = decode_state(snap.get_data())
                     .map_err(|e| ServerError::Storage(format!("shard {shard_id} snapshot: {e}")))?;
                 let md = snap.get_metadata();
-                (table, placement, md.index, md.term)
+                let bytes = snap.get_data().len() as u64;
+                (table, placement, md.index, md.term, bytes)
             }
             Ok(None) => (
                 LockTable::with_slots(self.config.limits(), SlotSet::EMPTY)
                     .map_err(|e| ServerError::Internal(e.to_string()))?,
                 None,
+                0,
                 0,
                 0,
             ),
@@ -566,7 +572,7 @@ impl Store {
                 applied_index: applied,
                 applied_term,
                 last_snapshot_index: applied,
-                last_snapshot_bytes: 0,
+                last_snapshot_bytes: snapshot_bytes,
                 snapshots_installed: 0,
                 leaderless_since: None,
                 hot: hot::HotCounter::new(self.time.now()),
