@@ -428,6 +428,35 @@ fn gauge(registry: &Registry, name: &str, help: &str) -> IntGauge {
     g
 }
 
+/// A count or size as an integer gauge's value (Prometheus gauges are
+/// signed): saturates instead of wrapping to a negative number.
+fn gauge_value(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+/// One `key:  <n> kB` field of a Linux `/proc/<pid>/status` file, in KiB
+/// (`VmRSS:`, `VmHWM:`, ...); `None` if absent or malformed. (The load-test
+/// harness reads the same fields of the nodes' processes with its own copy:
+/// it deliberately does not link the server.)
+fn proc_status_kib(status: &str, key: &str) -> Option<u64> {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(key))?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// This process's resident set size (`VmRSS`), or 0 where the platform
+/// does not report it.
+pub fn resident_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|status| proc_status_kib(&status, "VmRSS:"))
+        .map_or(0, |kib| kib * 1024)
+}
+
 fn shard_gauge(registry: &Registry, name: &str, help: &str) -> IntGaugeVec {
     let g = IntGaugeVec::new(Opts::new(name, help), &["shard"]).expect("valid gauge");
     registry.register(Box::new(g.clone())).expect("unique name");
@@ -621,7 +650,7 @@ impl Metrics {
             snapshot_bytes: shard_gauge(
                 r,
                 "fencelock_shard_snapshot_bytes",
-                "Size of the latest state-machine snapshot this replica took or installed (0 before the first since start).",
+                "Size of the latest state-machine snapshot of this replica: the one it restarted from, took or installed.",
             ),
         };
 
@@ -792,16 +821,15 @@ impl Metrics {
                 g.waiters.with_label_values(&l).set(s.waiters as i64);
                 waiting += s.waiters;
             }
-            let gauge = |bytes: u64| i64::try_from(bytes).unwrap_or(i64::MAX);
             for (vec, value) in [
                 (&g.is_leader, i64::from(s.is_leader)),
-                (&g.epoch, gauge(s.epoch)),
-                (&g.term, gauge(s.term)),
-                (&g.applied_index, gauge(s.applied_index)),
-                (&g.commit_index, gauge(s.commit_index)),
+                (&g.epoch, gauge_value(s.epoch)),
+                (&g.term, gauge_value(s.term)),
+                (&g.applied_index, gauge_value(s.applied_index)),
+                (&g.commit_index, gauge_value(s.commit_index)),
                 (&g.voters, s.voters.len() as i64),
                 (&g.dedup_entries, s.dedup_entries as i64),
-                (&g.snapshot_bytes, gauge(s.snapshot_bytes)),
+                (&g.snapshot_bytes, gauge_value(s.snapshot_bytes)),
             ] {
                 vec.with_label_values(&l).set(value);
             }
@@ -819,14 +847,15 @@ impl Metrics {
         n.store_queue_capacity.set(snap.store_queue_capacity as i64);
         n.in_flight_requests.set(snap.in_flight_requests as i64);
         n.draining.set(i64::from(snap.draining));
-        let as_gauge = |bytes: u64| i64::try_from(bytes).unwrap_or(i64::MAX);
-        n.resident_bytes.set(as_gauge(snap.resident_bytes));
-        n.memtable_bytes
-            .set(as_gauge(snap.engine_memory.memtable_bytes));
-        n.block_cache_bytes
-            .set(as_gauge(snap.engine_memory.block_cache_bytes));
-        n.table_readers_bytes
-            .set(as_gauge(snap.engine_memory.table_readers_bytes));
+        let memory = &snap.engine_memory;
+        for (g, bytes) in [
+            (&n.resident_bytes, snap.resident_bytes),
+            (&n.memtable_bytes, memory.memtable_bytes),
+            (&n.block_cache_bytes, memory.block_cache_bytes),
+            (&n.table_readers_bytes, memory.table_readers_bytes),
+        ] {
+            g.set(gauge_value(bytes));
+        }
         // Counters kept elsewhere (transport, audit) are mirrored by
         // advancing ours to theirs.
         for (c, now) in [
@@ -844,6 +873,17 @@ impl Metrics {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn proc_status_fields_are_read_in_kib_and_absent_ones_are_none() {
+        let status = "Name:\tfencelock\nVmHWM:\t   20480 kB\nVmRSS:\t   10240 kB\n";
+        assert_eq!(proc_status_kib(status, "VmRSS:"), Some(10_240));
+        assert_eq!(proc_status_kib(status, "VmHWM:"), Some(20_480));
+        assert_eq!(proc_status_kib(status, "VmSwap:"), None);
+        assert_eq!(proc_status_kib("VmRSS:\tlots kB\n", "VmRSS:"), None);
+        // This process reports its own resident memory.
+        assert!(resident_bytes() > 0);
+    }
 
     #[test]
     fn every_reason_has_an_outcome_class_and_names_follow_the_convention() {

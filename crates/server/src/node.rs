@@ -98,23 +98,9 @@ impl NodeView {
             audit_lines_total: self.audit.lines_total(),
             audit_dropped_total: self.audit.dropped_total(),
             engine_memory: self.engine.memory(),
-            resident_bytes: resident_bytes(),
+            resident_bytes: crate::metrics::resident_bytes(),
         }
     }
-}
-
-/// This process's resident set size (`VmRSS`), or 0 where the platform
-/// does not report it.
-fn resident_bytes() -> u64 {
-    let Ok(status) = std::fs::read_to_string("/proc/self/status") else {
-        return 0;
-    };
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().strip_suffix("kB"))
-        .and_then(|kb| kb.trim().parse::<u64>().ok())
-        .map_or(0, |kb| kb * 1024)
 }
 
 /// Loads the node's TLS material, or warns loudly that there is none.

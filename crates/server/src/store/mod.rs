@@ -260,8 +260,8 @@ struct Peer {
     applied_index: u64,
     applied_term: u64,
     last_snapshot_index: u64,
-    /// Size of the latest snapshot's data (taken or installed; 0 before the
-    /// first one this process saw).
+    /// Size of the latest snapshot's data: the saved one the replica
+    /// started from, or the last it took or installed.
     last_snapshot_bytes: u64,
     snapshots_installed: u64,
     /// Since when this replica has known no leader.
@@ -321,7 +321,8 @@ pub struct ShardStatus {
     pub held: usize,
     /// Dedup entries this replica keeps (live and retained outcomes).
     pub dedup_entries: usize,
-    /// Size of the latest snapshot's data this replica took or installed.
+    /// Size of the latest snapshot's data: the one this replica started
+    /// from, or the last it took or installed.
     pub snapshot_bytes: u64,
     /// Snapshots received from a leader and installed since start.
     pub snapshots_installed: u64,
