@@ -64,7 +64,7 @@ pub struct Limits {
     /// lease or wait lives its entry is always kept, so this never lets one
     /// request id hold two live leases: a retry arriving later than this
     /// after the end is a new acquire. The default (1 minute) is six times
-    /// the client's default call timeout; the memory it costs is about
+    /// the client's default call timeout; the memory it costs is up to about
     /// 255 bytes per acquire in the window (see `docs/operations.md`).
     pub dedup_retention_ms: u64,
     /// Dedup entries kept by one shard; beyond it new acquires are refused.
