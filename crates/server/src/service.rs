@@ -376,10 +376,11 @@ impl LockServiceImpl {
                 expires_at_ms,
                 lease_ttl_ms,
             } => (token, expires_at_ms, lease_ttl_ms, LeaseState::Held),
+            // An ended lease gives its caller no time to work.
             AcquireStatus::Ended { token, ended } => (
                 token,
                 0,
-                lease_ttl_ms,
+                0,
                 match ended {
                     LeaseEnd::Released => LeaseState::Released,
                     LeaseEnd::Expired => LeaseState::Expired,

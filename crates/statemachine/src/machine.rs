@@ -673,10 +673,15 @@ impl LockTable {
                     .holder;
                 assert_eq!(holder.lease_id, entry.lease_id);
                 assert_eq!(holder.token, token);
+                // The retry's caller counts its stop-by from when it sent the
+                // retry, but the lease's time runs from its grant or last
+                // renewal, possibly long before: answer what is left of the
+                // stamped expiry, not the lease's full TTL. 0 when only a
+                // leader change's allowance keeps it alive: renew at once.
                 AcquireStatus::Held {
                     token,
                     expires_at_ms: holder.expires_at_ms,
-                    lease_ttl_ms: holder.lease_ttl_ms,
+                    lease_ttl_ms: holder.stamped_expires_at_ms.saturating_sub(self.now()),
                 }
             }
             DedupState::Ended { token, ended, .. } => AcquireStatus::Ended { token, ended },
@@ -774,6 +779,16 @@ impl LockTable {
         holder.stamped_expires_at_ms = holder.stamped_expires_at_ms.max(wanted);
         holder.lease_ttl_ms = lease_ttl_ms;
         let new_expires = holder.expires_at_ms;
+        // The TTL answered is the time the holder may count on from now, not
+        // the TTL asked for: near the hold cap the renewal grants less, and a
+        // client that computed its stop-by from the asked TTL would go on
+        // working after the lock was freed. Counted to the stamped expiry,
+        // never to a leader change's allowance on top of it (that allowance
+        // covers the leaders' clocks, not the holder's).
+        let granted_ttl_ms = holder.stamped_expires_at_ms - now;
+        // Paired with the expiry check in `settle`: the lease cannot end
+        // before the holder's deadline.
+        debug_assert!(granted_ttl_ms > 0 && now + granted_ttl_ms <= new_expires);
         if new_expires != old_expires {
             let removed = self.expiry_index.remove(&(old_expires, resource.clone()));
             debug_assert!(removed);
@@ -781,7 +796,7 @@ impl LockTable {
         }
         Ok(Renewed {
             expires_at_ms: new_expires,
-            lease_ttl_ms,
+            lease_ttl_ms: granted_ttl_ms,
         })
     }
 

@@ -242,7 +242,8 @@ impl Model {
             // never generates it (tests/migration.rs covers it).
             Command::ExportSlots { .. }
             | Command::ImportSlots { .. }
-            | Command::DropExport { .. } => unreachable!(),
+            | Command::DropExport { .. }
+            | Command::CloseMigration { .. } => unreachable!(),
         }
     }
 
@@ -367,10 +368,12 @@ impl Model {
                 MDedup::Held(token) => {
                     let h = &mut self.held.get_mut(r).unwrap().0;
                     h.attempt += 1;
+                    // The retry's sender may count only on what is left
+                    // of the lease's stamped time.
                     let status = AcquireStatus::Held {
                         token,
                         expires_at_ms: h.expires,
-                        lease_ttl_ms: h.ttl,
+                        lease_ttl_ms: h.stamped.saturating_sub(self.clock),
                     };
                     (status, h.attempt)
                 }
@@ -501,9 +504,12 @@ impl Model {
         h.expires = h.expires.max(want);
         h.stamped = h.stamped.max(want);
         h.ttl = ttl;
+        // The contract: the holder may work until its send time plus the
+        // answered TTL, and the lease lasts until its stamp, so the answer is
+        // the time to the stamp (less than the asked TTL at the hold cap).
         Ok(Renewed {
             expires_at_ms: h.expires,
-            lease_ttl_ms: ttl,
+            lease_ttl_ms: h.stamped - now,
         })
     }
 
@@ -668,6 +674,12 @@ fn step() -> impl Strategy<Value = (Op, i64, bool)> {
 /// What an observer of replies and events alone knows.
 #[derive(Default)]
 struct Observer {
+    /// The shard's clock (the highest leader stamp applied so far).
+    clock_ms: u64,
+    /// Per resource, the lease a reply or grant told its holder it holds,
+    /// and until when (clock at the answer + the TTL answered): the holder's
+    /// stop-by can be no later, since it sent the request before the apply.
+    promised_until: BTreeMap<ResourceName, (LeaseId, u64)>,
     holder: BTreeMap<ResourceName, LeaseId>,
     highest_token: BTreeMap<ResourceName, FencingToken>,
     queue: BTreeMap<ResourceName, Vec<LeaseId>>,
@@ -675,7 +687,22 @@ struct Observer {
 }
 
 impl Observer {
-    fn check(&mut self, cmd: &Command, out: &Outcome) -> Result<(), TestCaseError> {
+    /// A reply or grant told the holder of `lease_id` that it may work for
+    /// `ttl_ms` more.
+    fn promise(&mut self, resource: &ResourceName, lease_id: LeaseId, ttl_ms: u64) {
+        let until = self.clock_ms + ttl_ms;
+        let entry = self
+            .promised_until
+            .entry(resource.clone())
+            .or_insert((lease_id, until));
+        if entry.0 != lease_id {
+            *entry = (lease_id, until);
+        }
+        entry.1 = entry.1.max(until);
+    }
+
+    fn check(&mut self, cmd: &Command, out: &Outcome, clock_ms: u64) -> Result<(), TestCaseError> {
+        self.clock_ms = clock_ms;
         for e in &out.events {
             match e {
                 Event::Granted {
@@ -683,8 +710,10 @@ impl Observer {
                     lease_id,
                     token,
                     from_queue,
+                    lease_ttl_ms,
                     ..
                 } => {
+                    self.promise(resource, *lease_id, *lease_ttl_ms);
                     // Invariant 1: only one holder at a time.
                     prop_assert!(
                         !self.holder.contains_key(resource),
@@ -714,9 +743,25 @@ impl Observer {
                     }
                 }
                 Event::LeaseEnded {
-                    resource, lease_id, ..
+                    resource,
+                    lease_id,
+                    ended,
+                    ..
                 } => {
                     prop_assert_eq!(self.holder.remove(resource), Some(*lease_id));
+                    // Leases time out only after every deadline their holder
+                    // was given: else the next holder overlaps the old one.
+                    if let Some((promised, until)) = self.promised_until.remove(resource) {
+                        if *ended == LeaseEnd::Expired && promised == *lease_id {
+                            prop_assert!(
+                                self.clock_ms >= until,
+                                "{} expired at {} but its holder was told it may work until {}",
+                                resource,
+                                self.clock_ms,
+                                until
+                            );
+                        }
+                    }
                 }
                 Event::WaitEnded {
                     resource, lease_id, ..
@@ -741,6 +786,10 @@ impl Observer {
             ) => {
                 let holds = self.holder.get(resource) == Some(lease_id);
                 match result {
+                    Ok(Reply::Renewed(r)) => {
+                        prop_assert!(holds, "renew by a non-holder succeeded");
+                        self.promise(resource, *lease_id, r.lease_ttl_ms);
+                    }
                     Ok(_) => prop_assert!(holds, "renew by a non-holder succeeded"),
                     Err(LockError::LeaseNotHeld) => {
                         prop_assert!(!holds, "holder refused as not holding")
@@ -751,8 +800,9 @@ impl Observer {
             (Command::RenewBatch { items, .. }, Ok(Reply::RenewedBatch(results))) => {
                 prop_assert_eq!(items.len(), results.len());
                 for (item, result) in items.iter().zip(results) {
-                    if result.is_ok() {
+                    if let Ok(renewed) = result {
                         prop_assert_eq!(self.holder.get(&item.resource), Some(&item.lease_id));
+                        self.promise(&item.resource, item.lease_id, renewed.lease_ttl_ms);
                     }
                 }
             }
@@ -823,8 +873,9 @@ impl Observer {
                     prop_assert_eq!(position as usize, q.len());
                 }
             }
-            if let AcquireStatus::Held { .. } = a.status {
+            if let AcquireStatus::Held { lease_ttl_ms, .. } = a.status {
                 prop_assert_eq!(self.holder.get(resource), Some(&a.lease_id));
+                self.promise(resource, a.lease_id, lease_ttl_ms);
             }
         }
         // A granted waiter's token is first known from its event.
@@ -1032,7 +1083,7 @@ fn run(steps: Vec<(Op, i64, bool)>) -> Result<(), TestCaseError> {
             "events differ for {:?}",
             cmd
         );
-        observer.check(&cmd, &got)?;
+        observer.check(&cmd, &got, model.clock)?;
         observer.forget_dedup(&table, &model);
         prop_assert_eq!(table.check_invariants(), Ok(()));
         // Snapshot round trip: equal table, identical bytes.

@@ -457,9 +457,75 @@ fn renewal_never_shortens_a_lease() {
     s.advance(1_000);
     let r = s.renew("acme/job", 1, 5_000).unwrap();
     assert_eq!(r.expires_at_ms, T0 + 60_000);
-    assert_eq!(r.lease_ttl_ms, 5_000);
+    // The answer is the time the holder may count on: the longer grant's.
+    assert_eq!(r.lease_ttl_ms, 59_000);
+    s.now_ms = T0 + 58_000;
     let r = s.renew("acme/job", 1, 0).unwrap();
     assert_eq!(r.lease_ttl_ms, 5_000, "0 keeps the current ttl");
+    assert_eq!(r.expires_at_ms, T0 + 63_000);
+}
+
+#[test]
+fn renewal_near_the_hold_cap_answers_only_the_time_left_before_the_cap() {
+    let mut s = Shard::with_limits(Limits {
+        max_hold_ms: 60_000,
+        max_lease_ttl_ms: 30_000,
+        ..Limits::default()
+    });
+    s.acquire("acme/job", "a", 1, 30_000, 0).unwrap();
+    s.now_ms = T0 + 25_000;
+    s.renew("acme/job", 1, 30_000).unwrap();
+    // 6 s before the cap a 30 s renewal grants 6 s: a holder told 30 s
+    // would work on for 24 s after the lock went to someone else.
+    s.now_ms = T0 + 54_000;
+    let r = s.renew("acme/job", 1, 30_000).unwrap();
+    assert_eq!(r.expires_at_ms, T0 + 60_000);
+    assert_eq!(r.lease_ttl_ms, 6_000);
+    s.now_ms = T0 + 60_000;
+    let b = s.acquire("acme/job", "b", 2, 30_000, 0).unwrap();
+    assert!(matches!(b.status, AcquireStatus::Held { .. }));
+}
+
+#[test]
+fn a_deduplicated_answer_gives_only_what_is_left_of_the_original_grant() {
+    let mut s = Shard::new();
+    s.acquire("acme/job", "req-1", 1, 30_000, 0).unwrap();
+    // The reply was lost; the caller retries 10 s later with the same id.
+    s.advance(10_000);
+    let retry = s.acquire("acme/job", "req-1", 2, 30_000, 0).unwrap();
+    assert!(retry.deduplicated);
+    let AcquireStatus::Held {
+        expires_at_ms,
+        lease_ttl_ms,
+        ..
+    } = retry.status
+    else {
+        panic!("still held: {retry:?}")
+    };
+    assert_eq!(expires_at_ms, T0 + 30_000);
+    // Counted from the retry's send, 30 s would outlast the lease by 10 s.
+    assert_eq!(lease_ttl_ms, 20_000);
+    // A renewal restores a full deadline.
+    assert_eq!(s.renew("acme/job", 1, 0).unwrap().lease_ttl_ms, 30_000);
+}
+
+#[test]
+fn a_deduplicated_answer_during_a_leader_allowance_gives_no_time() {
+    let mut s = Shard::new();
+    s.acquire("acme/job", "req-1", 1, 10_000, 0).unwrap();
+    s.term = 2;
+    s.apply(Command::LeaderChanged {
+        clock_offset_allowance_ms: 2_000,
+    })
+    .unwrap();
+    // Past the stamp, inside the allowance: the lease lives only to cover
+    // the leaders' clocks, and the holder must renew before relying on it.
+    s.now_ms = T0 + 11_000;
+    let retry = s.acquire("acme/job", "req-1", 2, 10_000, 0).unwrap();
+    let AcquireStatus::Held { lease_ttl_ms, .. } = retry.status else {
+        panic!("still held: {retry:?}")
+    };
+    assert_eq!(lease_ttl_ms, 0);
 }
 
 #[test]
