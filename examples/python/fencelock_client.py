@@ -197,14 +197,30 @@ class Client:
         response, sent_at = self._call(
             "Acquire", request, timeout_s=CALL_TIMEOUT_S + wait_ms / 1000.0
         )
-        return Lease(resource, response, sent_at), request_id
+        lease = Lease(resource, response, sent_at)
+        if lease.deduplicated:
+            # A retry answered from the dedup table grants only what is left
+            # of the original grant (perhaps nothing): renew at once, and
+            # give the lease back if that fails past its short deadline.
+            try:
+                self.renew(lease)
+            except FencelockError:
+                if time.monotonic() >= lease.stop_by:
+                    try:
+                        self.release(lease)
+                    except FencelockError:
+                        pass
+                    raise
+        return lease, request_id
 
     def renew(self, lease, ttl_ms=0):
         request = self._pb.RenewRequest(
             resource=lease.resource, lease_id=lease.lease_id, lease_ttl_ms=ttl_ms
         )
         response, sent_at = self._call("Renew", request)
-        lease.stop_by = stop_by(sent_at, response.lease_ttl_ms)
+        # The time this answer granted (less than asked near the hold
+        # limit); a renewal never takes back a deadline already given.
+        lease.stop_by = max(lease.stop_by, stop_by(sent_at, response.lease_ttl_ms))
         return response
 
     def release(self, lease):

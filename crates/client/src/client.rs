@@ -570,8 +570,10 @@ impl Inner {
 
         // An acquire that waited in the queue (or was retried for long) may
         // have used up much of its deadline although the lease is fresh:
-        // renew at once to start from a full one, as lock.proto advises.
-        if Instant::now() >= sent_at + renew_interval(ttl_ms) {
+        // renew at once to start from a full one, as lock.proto advises. A
+        // deduplicated answer grants only what was left of the original
+        // grant (perhaps nothing): renew it at once too.
+        if response.deduplicated || Instant::now() >= sent_at + renew_interval(ttl_ms) {
             let deadline = acquire_deadline.max(Instant::now() + self.config.attempt_timeout());
             match self
                 .renew_one(resource, &response.lease_id, response.shard_id, deadline)

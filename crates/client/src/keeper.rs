@@ -195,13 +195,19 @@ fn renew_succeeded(
         return;
     }
     timing.retry_at = None;
-    if renewed.lease_ttl_ms > 0 {
-        timing.lease_ttl_ms = renewed.lease_ttl_ms;
+    // The deadline counts the time this answer granted, whatever was asked
+    // for: near the hold limit it is less than the lease's TTL.
+    let granted_ms = renewed.lease_ttl_ms;
+    let stop_by =
+        sent_at + Duration::from_millis(granted_ms) - inner.config().stop_by_margin(granted_ms);
+    timing.stop_by = timing.stop_by.max(stop_by);
+    // The renew cadence follows the granted time too (0 would mean renewing
+    // without pause: keep the previous cadence; the deadline stays put).
+    if granted_ms > 0 {
+        timing.lease_ttl_ms = granted_ms;
     }
     let ttl_ms = timing.lease_ttl_ms;
     timing.backoff = renew_backoff(inner, ttl_ms);
-    let stop_by = sent_at + Duration::from_millis(ttl_ms) - inner.config().stop_by_margin(ttl_ms);
-    timing.stop_by = timing.stop_by.max(stop_by);
     timing.expires_at_ms = timing.expires_at_ms.max(renewed.expires_at_ms);
     timing.next_renew_at = sent_at + jittered_renew_interval(ttl_ms);
     let (stop_by, expires_at_ms) = (timing.stop_by, timing.expires_at_ms);

@@ -39,6 +39,14 @@ struct Script {
     /// Renewals start failing with `renew_error` only after this many
     /// successful renewal items.
     renew_errors_after: u64,
+    /// The time a deduplicated acquire answer grants (a server answers what
+    /// is left of the original grant); `None`: the TTL asked for.
+    dedup_grants_ms: Option<u64>,
+    /// The time every renewal grants (a server near the hold limit grants
+    /// less than asked); `None`: the usual answers.
+    renew_grants_ms: Option<u64>,
+    /// Single (non-batch) renewals fail with this.
+    single_renew_error: Option<ErrorDetail>,
 }
 
 #[derive(Default)]
@@ -145,6 +153,11 @@ impl LockService for Node {
         } else {
             req.lease_ttl_ms
         };
+        let dedup_grants_ms = self.0.script.lock().unwrap().dedup_grants_ms;
+        let ttl = match dedup_grants_ms {
+            Some(left_ms) if seen_before => left_ms,
+            _ => ttl,
+        };
         Ok(Response::new(AcquireResponse {
             lease_id: lease_id_for(&req.request_id),
             fencing_token: self.0.next_token.fetch_add(1, Ordering::SeqCst) + 1,
@@ -160,9 +173,17 @@ impl LockService for Node {
     async fn renew(&self, _: Request<RenewRequest>) -> Result<Response<RenewResponse>, Status> {
         self.redirect()?;
         self.0.single_renews.fetch_add(1, Ordering::SeqCst);
+        let (error, granted_ms) = {
+            let script = self.0.script.lock().unwrap();
+            (script.single_renew_error.clone(), script.renew_grants_ms)
+        };
+        if let Some(detail) = error {
+            return Err(detail.to_status());
+        }
+        let granted_ms = granted_ms.unwrap_or(30_000);
         Ok(Response::new(RenewResponse {
-            expires_at_ms: now_ms() + 30_000,
-            lease_ttl_ms: 30_000,
+            expires_at_ms: now_ms() + granted_ms,
+            lease_ttl_ms: granted_ms,
         }))
     }
 
@@ -173,9 +194,13 @@ impl LockService for Node {
         self.redirect()?;
         let items = request.into_inner().items;
         self.0.batch_sizes.lock().unwrap().push(items.len());
-        let (error, after) = {
+        let (error, after, granted_ms) = {
             let script = self.0.script.lock().unwrap();
-            (script.renew_error.clone(), script.renew_errors_after)
+            (
+                script.renew_error.clone(),
+                script.renew_errors_after,
+                script.renew_grants_ms.unwrap_or(1_200),
+            )
         };
         let results = items
             .iter()
@@ -186,8 +211,8 @@ impl LockService for Node {
                     _ => {
                         self.0.renewed_items.fetch_add(1, Ordering::SeqCst);
                         renew_result::Outcome::Renewed(RenewResponse {
-                            expires_at_ms: now_ms() + 1_200,
-                            lease_ttl_ms: 1_200,
+                            expires_at_ms: now_ms() + granted_ms,
+                            lease_ttl_ms: granted_ms,
                         })
                     }
                 };
@@ -329,6 +354,76 @@ async fn an_explicit_request_id_gets_the_original_lease_back() {
     assert!(again.deduplicated());
     let acquires = fake.acquires.lock().unwrap();
     assert!(acquires.iter().all(|a| a.request_id == id.as_bytes()));
+}
+
+#[tokio::test]
+async fn a_deduplicated_grant_is_renewed_before_acquire_returns() {
+    let (fake, addr) = start_fake().await;
+    // The first attempt is granted but its answer lost; the retry is
+    // answered from the dedup table with what is left of that grant.
+    fake.script.lock().unwrap().acquire_failures =
+        VecDeque::from([ErrorDetail::new(Reason::OutcomeUnknown, "reply lost").to_status()]);
+    fake.script.lock().unwrap().dedup_grants_ms = Some(700);
+    let client = Client::connect(vec![addr], fast_config()).await.unwrap();
+    let guard = client.acquire("acme/dedup", 10_000, 0).await.unwrap();
+    assert!(guard.deduplicated());
+    // Renewed at once: the guard starts from the renewal's full deadline,
+    // not from the 0.7 s the retry's answer granted.
+    assert_eq!(fake.single_renews.load(Ordering::SeqCst), 1);
+    assert!(guard.stop_by() > Instant::now() + Duration::from_secs(20));
+}
+
+#[tokio::test]
+async fn a_deduplicated_grant_with_no_time_left_and_no_renewal_is_refused() {
+    let (fake, addr) = start_fake().await;
+    {
+        let mut script = fake.script.lock().unwrap();
+        script.acquire_failures =
+            VecDeque::from([ErrorDetail::new(Reason::OutcomeUnknown, "reply lost").to_status()]);
+        script.dedup_grants_ms = Some(0);
+        script.single_renew_error = Some(ErrorDetail::new(Reason::NoQuorum, "no majority"));
+    }
+    let client = Client::connect(vec![addr], fast_config()).await.unwrap();
+    let err = client
+        .acquire("acme/dedup-late", 10_000, 0)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, ClientError::Unavailable { last_error, .. } if last_error.contains("NO_QUORUM")),
+        "{err:?}"
+    );
+    // The lease nobody may use is given back.
+    wait_until("the release", Duration::from_secs(2), || {
+        !fake.releases.lock().unwrap().is_empty()
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_renewal_that_grants_less_than_asked_moves_the_deadline_only_that_far() {
+    let (fake, addr) = start_fake().await;
+    let client = Client::connect(vec![addr], fast_config()).await.unwrap();
+    let guard = client.acquire("acme/capped", 3_000, 0).await.unwrap();
+    // From now on renewals grant 0 ms (a server at the hold limit grants
+    // what is left, down to nothing).
+    fake.script.lock().unwrap().renew_grants_ms = Some(0);
+    let before = guard.stop_by();
+    wait_until("a renewal", Duration::from_secs(3), || {
+        fake.renewed_items.load(Ordering::SeqCst) >= 1
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(
+        guard.stop_by(),
+        before,
+        "a renewal granting nothing moved the deadline"
+    );
+    // And the lease is lost at the deadline it had.
+    let reason = tokio::time::timeout(Duration::from_secs(5), guard.lost())
+        .await
+        .expect("lost fires");
+    assert_eq!(reason, LostReason::Unconfirmed);
+    assert!(Instant::now() >= before);
 }
 
 #[tokio::test]
