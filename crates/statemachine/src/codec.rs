@@ -183,6 +183,7 @@ const CMD_LEADER_CHANGED: u8 = 7;
 const CMD_EXPORT_SLOTS: u8 = 8;
 const CMD_IMPORT_SLOTS: u8 = 9;
 const CMD_DROP_EXPORT: u8 = 10;
+const CMD_CLOSE_MIGRATION: u8 = 11;
 
 impl Command {
     /// Encodes the command as a Raft entry payload.
@@ -292,6 +293,16 @@ impl Command {
                 w.u8(CMD_DROP_EXPORT);
                 w.u64(*migration_id);
             }
+            Command::CloseMigration {
+                migration_id,
+                slots,
+            } => {
+                w.u8(CMD_CLOSE_MIGRATION);
+                w.u64(*migration_id);
+                for word in slots.words() {
+                    w.u64(*word);
+                }
+            }
         }
         *out = w.0;
     }
@@ -358,6 +369,10 @@ impl Command {
             },
             CMD_DROP_EXPORT => Command::DropExport {
                 migration_id: r.u64()?,
+            },
+            CMD_CLOSE_MIGRATION => Command::CloseMigration {
+                migration_id: r.u64()?,
+                slots: read_slots(&mut r)?,
             },
             tag => {
                 return Err(DecodeError::BadTag {

@@ -154,7 +154,9 @@ pub struct LockTable {
     /// Slots this shard serves. Requests for other slots are refused with
     /// `WrongShard` at apply, whatever map routed them here.
     pub(crate) owned: SlotSet,
-    /// Highest migration id imported (imports are idempotent by id).
+    /// Highest migration id imported or closed (`CloseMigration`) here: no
+    /// export or import of this id or a lower one changes the table any
+    /// more (see `migrate.rs`).
     pub(crate) last_imported_migration: u64,
     /// Exports not yet confirmed by their target, by migration id.
     pub(crate) exports: BTreeMap<u64, PendingExport>,
@@ -359,6 +361,10 @@ impl LockTable {
             Command::DropExport { migration_id } => Ok(Reply::ExportDropped {
                 existed: self.exports.remove(migration_id).is_some(),
             }),
+            Command::CloseMigration {
+                migration_id,
+                slots,
+            } => self.close_migration(*migration_id, slots),
         }
     }
 

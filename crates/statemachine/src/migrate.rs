@@ -17,6 +17,14 @@
 //! Between 1 and 2 nobody serves the slots (requests are refused with a
 //! retry hint); that window is what makes "one owner at a time" hold
 //! without any clock. Both sides are idempotent by migration id.
+//!
+//! 4. `CloseMigration` on either shard, when the orchestrator must know
+//!    for certain what a shard did (a step was refused, or its outcome is
+//!    unknown): from that entry on no export or import of the migration can
+//!    change the shard any more, and the reply says what it did before. The
+//!    one exception is the source taking its own kept export back (the
+//!    roll-back of a migration whose target was closed without importing).
+//!    `last_imported_migration` is the fence: ids up to it are settled here.
 
 use crate::codec::{decode_export, encode_export, Export};
 use crate::error::LockError;
@@ -50,6 +58,9 @@ impl LockTable {
             return Err(LockError::InvalidCommand {
                 reason: "export needs a migration id and at least one slot",
             });
+        }
+        if migration_id <= self.last_imported_migration {
+            return Err(closed(migration_id));
         }
         if !slots.is_subset(&self.owned) {
             return Err(refused(format!(
@@ -131,7 +142,18 @@ impl LockTable {
         ctx: &ApplyContext,
     ) -> Result<Reply, LockError> {
         if migration_id != 0 && migration_id <= self.last_imported_migration {
-            return Ok(Reply::Imported { resources: 0 });
+            if slots.is_subset(&self.owned) {
+                // Imported before (or the slots are this shard's anyway):
+                // nothing to do.
+                return Ok(Reply::Imported { resources: 0 });
+            }
+            // Settled here without these slots: only the source may still
+            // take its own kept export back (a roll-back after the target
+            // was closed).
+            let own_export = self.exports.get(&migration_id).map(|e| e.slots);
+            if own_export != Some(*slots) {
+                return Err(closed(migration_id));
+            }
         }
         if migration_id == 0 || slots.is_empty() || allowance_ms > MAX_CLOCK_OFFSET_ALLOWANCE_MS {
             return Err(LockError::InvalidCommand {
@@ -223,9 +245,31 @@ impl LockTable {
         self.epoch = epoch;
         self.epoch_base_index = ctx.index - 1;
         self.last_position = 0;
-        self.last_imported_migration = migration_id;
+        self.last_imported_migration = self.last_imported_migration.max(migration_id);
         debug_assert!(self.max_token.epoch() < self.epoch);
         Ok(Reply::Imported { resources })
+    }
+
+    /// `CloseMigration`: settles `migration_id` (and every lower id) on this
+    /// shard and reports what the shard did for it. Applied through the
+    /// log, so the answer is final: a proposal of an export or import of
+    /// this migration still in flight cannot apply after it.
+    pub(crate) fn close_migration(
+        &mut self,
+        migration_id: u64,
+        slots: &SlotSet,
+    ) -> Result<Reply, LockError> {
+        if migration_id == 0 {
+            return Err(LockError::InvalidCommand {
+                reason: "close needs a migration id",
+            });
+        }
+        self.last_imported_migration = self.last_imported_migration.max(migration_id);
+        Ok(Reply::MigrationClosed {
+            pending_export: self.exports.get(&migration_id).map(|e| e.slots),
+            owns_slots: slots.is_subset(&self.owned),
+            epoch: self.epoch,
+        })
     }
 
     /// Inserts a record with its index entries; false if the name exists.
@@ -279,6 +323,12 @@ impl LockTable {
             debug_assert!(removed);
         }
     }
+}
+
+fn closed(migration_id: u64) -> LockError {
+    refused(format!(
+        "migration {migration_id} is settled on this shard (imported or closed)"
+    ))
 }
 
 fn refused(reason: String) -> LockError {

@@ -206,6 +206,15 @@ pub enum Command {
     /// Resharding, step 3 on the source shard: the target has the state;
     /// forget the export.
     DropExport { migration_id: u64 },
+    /// Resharding, resolving a step whose outcome is unknown or refused:
+    /// from this entry on, no `ExportSlots` or `ImportSlots` of
+    /// `migration_id` (or of any lower id) changes this shard any more —
+    /// except the source taking back its own kept export — and the reply
+    /// says what the shard did for the migration before it (a pending
+    /// export, whether it serves `slots`). A delayed or repeated proposal
+    /// of a step can therefore never apply after the orchestrator decided
+    /// from this answer.
+    CloseMigration { migration_id: u64, slots: SlotSet },
 }
 
 /// One lease in a batch renew.
@@ -313,6 +322,17 @@ pub enum Reply {
     },
     ExportDropped {
         existed: bool,
+    },
+    /// What the shard did for a migration, final from this entry on
+    /// (`CloseMigration`).
+    MigrationClosed {
+        /// The slots of the migration's export this shard still keeps
+        /// (it exported them and nobody dropped the export).
+        pending_export: Option<SlotSet>,
+        /// Whether the shard serves every slot the command named.
+        owns_slots: bool,
+        /// The shard's epoch.
+        epoch: u64,
     },
 }
 

@@ -295,6 +295,95 @@ fn export_and_import_are_idempotent_by_migration_id() {
     assert!(src.table.pending_exports().is_empty());
 }
 
+fn close(shard: &mut Shard, id: u64, slots: SlotSet) -> (Option<SlotSet>, bool) {
+    match shard.apply(Command::CloseMigration {
+        migration_id: id,
+        slots,
+    }) {
+        Ok(Reply::MigrationClosed {
+            pending_export,
+            owns_slots,
+            ..
+        }) => (pending_export, owns_slots),
+        other => panic!("unexpected {other:?}"),
+    }
+}
+
+/// A target closed for a migration it has not imported never imports it
+/// afterwards (a delayed or repeated import cannot make two owners), and the
+/// source can then take its kept export back.
+#[test]
+fn a_target_closed_before_the_import_refuses_it_for_good_and_the_source_takes_it_back() {
+    let (mut src, mut dst) = pair();
+    let r = name("acme/jobs/closed");
+    let slot = only(slot_of(&r));
+    src.acquire(&r, "h", 1, 0).unwrap();
+    let data = src.export(7, slot).unwrap();
+    assert_eq!(close(&mut dst, 7, slot), (None, false));
+    let err = dst.import(7, 9, slot, data.clone()).unwrap_err();
+    assert!(matches!(err, LockError::MigrationRefused { .. }), "{err:?}");
+    assert!(!dst.table.owns(&r));
+    // Closing again answers the same.
+    assert_eq!(close(&mut dst, 7, slot), (None, false));
+    // The source's export is still there; the source takes it back at the
+    // migration's epoch and is the only owner, with the lease intact.
+    assert_eq!(close(&mut src, 7, slot), (Some(slot), false));
+    src.import(7, 9, slot, data.clone()).unwrap();
+    assert!(src.table.owns(&r));
+    assert_eq!(src.table.epoch(), 9);
+    assert_eq!(src.table.view(&r).unwrap().lease_id, LeaseId([1; 16]));
+    // Repeating the take-back changes nothing; a new export of the closed
+    // migration is refused.
+    assert_eq!(
+        src.import(7, 9, slot, data).unwrap(),
+        Reply::Imported { resources: 0 }
+    );
+    src.apply(Command::DropExport { migration_id: 7 }).unwrap();
+    let err = src.export(7, slot).unwrap_err();
+    assert!(matches!(err, LockError::MigrationRefused { .. }), "{err:?}");
+    assert!(src.table.owns(&r));
+}
+
+/// A source closed before it exported never exports that migration, and an
+/// import closed after it applied reports the slots as served.
+#[test]
+fn close_freezes_what_a_shard_did_for_a_migration() {
+    let (mut src, mut dst) = pair();
+    let r = name("acme/jobs/frozen");
+    let slot = only(slot_of(&r));
+    src.acquire(&r, "h", 1, 0).unwrap();
+    assert_eq!(close(&mut src, 4, slot), (None, true));
+    let err = src.export(4, slot).unwrap_err();
+    assert!(matches!(err, LockError::MigrationRefused { .. }), "{err:?}");
+    assert!(src.table.owns(&r));
+    assert!(src.table.pending_exports().is_empty());
+    // A later migration of the same slots goes through.
+    let data = src.export(5, slot).unwrap();
+    dst.import(5, 6, slot, data.clone()).unwrap();
+    assert_eq!(close(&mut dst, 5, slot), (None, true));
+    assert_eq!(close(&mut src, 5, slot), (Some(slot), false));
+    // The import is still answered as done after the close.
+    assert_eq!(
+        dst.import(5, 6, slot, data).unwrap(),
+        Reply::Imported { resources: 0 }
+    );
+    // An import of an older migration into a shard settled past it is
+    // refused, not answered as done.
+    let other = only(slot_of(&r) ^ 1);
+    let err = dst.import(3, 8, other, Vec::new()).unwrap_err();
+    assert!(matches!(err, LockError::MigrationRefused { .. }), "{err:?}");
+}
+
+/// The close travels in the log like every command.
+#[test]
+fn close_migration_round_trips_through_the_codec() {
+    let c = Command::CloseMigration {
+        migration_id: 12,
+        slots: only(77),
+    };
+    assert_eq!(Command::decode(&c.encode()).unwrap(), c);
+}
+
 #[test]
 fn imports_that_would_break_token_order_or_ownership_are_refused_and_change_nothing() {
     let (mut src, mut dst) = pair();

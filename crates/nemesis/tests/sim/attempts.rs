@@ -17,21 +17,26 @@ use tokio::sync::oneshot;
 use super::world::{Ev, World, NODES};
 
 /// Runs the world's own events (deliveries, ticks) for `ms` simulated ms.
-fn run_for(world: &mut World, ms: u64) {
+pub(super) fn run_for(world: &mut World, ms: u64) {
     let end = world.now_ms + ms;
     while world.peek_time().is_some_and(|at| at <= end) {
-        match world.pop() {
-            Some(Ev::Deliver {
-                from,
-                to,
-                envelopes,
-            }) => world.deliver(from, to, envelopes),
-            Some(Ev::Tick { node, generation }) => world.tick(node, generation),
-            Some(Ev::Restart { node }) => world.start(node),
-            Some(Ev::Heal { links }) => world.heal(links),
-            Some(Ev::Request { node, msg }) => world.step(node, vec![msg], false),
-            Some(Ev::ClientWake { .. } | Ev::Nemesis | Ev::HealAll) | None => {}
-        }
+        run_next(world);
+    }
+}
+
+/// Runs the world's next event (time moves to it).
+pub(super) fn run_next(world: &mut World) {
+    match world.pop() {
+        Some(Ev::Deliver {
+            from,
+            to,
+            envelopes,
+        }) => world.deliver(from, to, envelopes),
+        Some(Ev::Tick { node, generation }) => world.tick(node, generation),
+        Some(Ev::Restart { node }) => world.start(node),
+        Some(Ev::Heal { links }) => world.heal(links),
+        Some(Ev::Request { node, msg }) => world.step(node, vec![msg], false),
+        Some(Ev::ClientWake { .. } | Ev::Nemesis | Ev::HealAll) | None => {}
     }
 }
 
@@ -42,6 +47,25 @@ fn acquire(
     lease: u8,
     wait_timeout_ms: u64,
 ) -> (StoreMsg, oneshot::Receiver<AcquireResult>) {
+    acquire_for(
+        shard_id,
+        resource,
+        request_id,
+        lease,
+        5_000,
+        wait_timeout_ms,
+    )
+}
+
+/// An acquire of `resource` for `lease_ttl_ms`, answered on the receiver.
+pub(super) fn acquire_for(
+    shard_id: u64,
+    resource: &ResourceName,
+    request_id: &str,
+    lease: u8,
+    lease_ttl_ms: u64,
+    wait_timeout_ms: u64,
+) -> (StoreMsg, oneshot::Receiver<AcquireResult>) {
     let (tx, rx) = oneshot::channel();
     let msg = StoreMsg::Propose {
         shard_id,
@@ -50,7 +74,7 @@ fn acquire(
             owner: Owner::anonymous(),
             request_id: RequestId::new(request_id.as_bytes().to_vec()).expect("valid"),
             lease_id: LeaseId([lease; 16]),
-            lease_ttl_ms: 5_000,
+            lease_ttl_ms,
             wait_timeout_ms,
         },
         responder: Responder::Acquire {
@@ -63,7 +87,10 @@ fn acquire(
 }
 
 /// A command answered with a plain reply (release, renew).
-fn propose(shard_id: u64, command: Command) -> (StoreMsg, oneshot::Receiver<ReplyResult>) {
+pub(super) fn propose(
+    shard_id: u64,
+    command: Command,
+) -> (StoreMsg, oneshot::Receiver<ReplyResult>) {
     let (tx, rx) = oneshot::channel();
     let msg = StoreMsg::Propose {
         shard_id,

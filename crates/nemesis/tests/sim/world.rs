@@ -177,6 +177,15 @@ fn node_config(id: u64) -> NodeConfig {
 
 impl World {
     pub fn new(rng: StdRng, fault: Option<SimFault>) -> World {
+        World::with_config(rng, fault, |_| {})
+    }
+
+    /// A world whose nodes' configs are changed by `tweak` (validated).
+    pub fn with_config(
+        rng: StdRng,
+        fault: Option<SimFault>,
+        tweak: impl Fn(&mut NodeConfig),
+    ) -> World {
         let mut world = World {
             now_ms: 0,
             time: Arc::new(AtomicU64::new(0)),
@@ -193,9 +202,14 @@ impl World {
             let skew = world
                 .rng
                 .random_range(-(MAX_CLOCK_SKEW_MS as i64)..=MAX_CLOCK_SKEW_MS as i64);
+            let mut config = node_config(id);
+            tweak(&mut config);
+            if let Err(e) = config.validate() {
+                panic!("tweaked simulation config does not validate: {e}");
+            }
             world.nodes.push(Node {
                 id,
-                config: node_config(id),
+                config,
                 engine: MemEngine::with_crash_mode(),
                 clock: Arc::new(SimClock {
                     base: world.base,
