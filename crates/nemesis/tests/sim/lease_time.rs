@@ -4,7 +4,7 @@
 //! the answer stops before the service hands the lock to someone else.
 //!
 //! * A retry by request id answered from the dedup table long after the
-//!   grant, then renewals that fail (the leader is cut off): the next holder
+//!   grant, then renewals that fail (the leader's node dies): the next holder
 //!   is granted only after the retry's stop-by. Before the fix the retry was
 //!   told the full TTL again, and both held the lock for seconds.
 //! * A renewal a few seconds before the hold cap grants only those seconds;
@@ -18,7 +18,7 @@ use rand::rngs::StdRng;
 use rand::SeedableRng;
 
 use super::attempts::{acquire_for, propose, run_for, run_next};
-use super::world::{World, NODES};
+use super::world::World;
 
 /// The stop-by margin the simulated clients keep (the Rust client's
 /// default is 5%); the checks below use none, the strictest reading.
@@ -35,14 +35,8 @@ fn shard_of(world_config: &fencelock_server::config::NodeConfig, resource: &Reso
     map.shard_of_slot(slot_of(resource))
 }
 
-fn leader_of(world: &World, shard_id: u64, except: Option<u64>) -> Option<u64> {
-    (1..=NODES).filter(|n| Some(*n) != except).find(|n| {
-        world.is_up(*n)
-            && world
-                .status(*n)
-                .iter()
-                .any(|s| s.shard_id == shard_id && s.is_leader)
-    })
+fn leader_of(world: &World, shard_id: u64) -> Option<u64> {
+    world.leaders().get(&shard_id).copied()
 }
 
 /// The held lease's answered TTL, or a panic naming what came instead.
@@ -59,7 +53,7 @@ fn a_late_deduplicated_answer_then_failed_renewals_never_overlaps_the_next_holde
     let resource = ResourceName::parse("sim/late-retry").expect("valid");
     let shard_id = shard_of(&World::bootstrap_config(), &resource);
     run_for(&mut world, 3_000);
-    let leader = leader_of(&world, shard_id, None).expect("the shard has a leader");
+    let leader = leader_of(&world, shard_id).expect("the shard has a leader");
 
     // The first attempt is granted; its answer never reaches the caller.
     let (msg, _lost_answer) = acquire_for(shard_id, &resource, "job-1", 1, TTL_MS, 0);
@@ -82,12 +76,8 @@ fn a_late_deduplicated_answer_then_failed_renewals_never_overlaps_the_next_holde
     // contract says (no margin: the strictest reading).
     let stop_by_ms = retry_sent_ms + granted_ms;
 
-    // Its renewals fail from now on: the leader is cut off.
-    let links: Vec<(u64, u64)> = (1..=NODES)
-        .filter(|n| *n != leader)
-        .flat_map(|n| [(leader, n), (n, leader)])
-        .collect();
-    world.partition(links, world.now_ms + 30_000);
+    // Its renewals fail from now on: the leader's node dies.
+    world.crash(leader);
     let (renew, mut renewed) = propose(
         shard_id,
         Command::Renew {
@@ -108,7 +98,7 @@ fn a_late_deduplicated_answer_then_failed_renewals_never_overlaps_the_next_holde
             world.now_ms < retry_sent_ms + 20_000,
             "no leader on the majority side"
         );
-        if let Some(new_leader) = leader_of(&world, shard_id, Some(leader)) {
+        if let Some(new_leader) = leader_of(&world, shard_id).filter(|l| *l != leader) {
             let (msg, rx) = acquire_for(shard_id, &resource, "job-2", 3, TTL_MS, 15_000);
             world.step(new_leader, vec![msg], false);
             next = Some(rx);
@@ -127,7 +117,7 @@ fn a_late_deduplicated_answer_then_failed_renewals_never_overlaps_the_next_holde
     };
     assert!(
         !matches!(renewed.try_recv(), Ok(Ok(Reply::Renewed(_)))),
-        "the cut-off leader cannot have renewed"
+        "the dead leader cannot have renewed"
     );
     assert!(
         granted_at_ms >= stop_by_ms,
@@ -150,7 +140,7 @@ fn a_renewal_before_the_hold_cap_grants_only_the_time_left_before_it() {
     let resource = ResourceName::parse("sim/hold-cap").expect("valid");
     let shard_id = shard_of(&World::bootstrap_config(), &resource);
     run_for(&mut world, 3_000);
-    let leader = leader_of(&world, shard_id, None).expect("the shard has a leader");
+    let leader = leader_of(&world, shard_id).expect("the shard has a leader");
 
     let ttl_ms = 60_000;
     let (msg, mut first) = acquire_for(shard_id, &resource, "long-job", 1, ttl_ms, 0);
@@ -175,7 +165,7 @@ fn a_renewal_before_the_hold_cap_grants_only_the_time_left_before_it() {
                 lease_ttl_ms: ttl_ms,
             },
         );
-        let leader = leader_of(&world, shard_id, None).expect("a leader");
+        let leader = leader_of(&world, shard_id).expect("a leader");
         world.step(leader, vec![renew], false);
         run_for(&mut world, 100);
         match renewed.try_recv().expect("answered") {
@@ -200,7 +190,7 @@ fn a_renewal_before_the_hold_cap_grants_only_the_time_left_before_it() {
 
     // The next holder waits and is granted at the cap, not before the
     // first holder's stop-by.
-    let leader = leader_of(&world, shard_id, None).expect("a leader");
+    let leader = leader_of(&world, shard_id).expect("a leader");
     let (msg, mut next) = acquire_for(shard_id, &resource, "next-job", 2, ttl_ms, 60_000);
     world.step(leader, vec![msg], false);
     let granted_at_ms = loop {
