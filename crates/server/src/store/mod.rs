@@ -32,6 +32,8 @@ mod observe;
 mod payload;
 #[cfg(feature = "simulation")]
 mod sim;
+#[cfg(test)]
+mod tests;
 
 pub use hot::{HotEntry, HOT_REPORTED_PER_SHARD};
 pub use io::{Clock, PeerSink, StoreIo, SystemClock};
@@ -857,6 +859,11 @@ impl Store {
                 ),
             });
         }
+        // The replica's deferred writes (a snapshot, a compaction, the
+        // commit index) go to disk before its deletion does: written after
+        // it, they would bring back records of a replica that no longer
+        // exists, for a later replica of the same shard to find.
+        self.flush_deferred();
         let mut peer = self.peers.remove(&shard_id).expect("checked");
         fail_peer(&mut peer, ServerError::ShardNotHere { shard_id });
         let mut batch = WriteBatch::new();
@@ -1160,9 +1167,7 @@ impl Store {
         if readies.is_empty() {
             if !batch.is_empty() {
                 self.write_or_die(&batch, false);
-                for peer in self.peers.values_mut() {
-                    peer.raw.mut_store().on_persisted();
-                }
+                self.mark_persisted();
             }
             return false;
         }
@@ -1180,6 +1185,11 @@ impl Store {
             fail::fail_point!("store::leader_sync");
         }
         self.write_or_die(&batch, true);
+        // Every shard whose staging was in the batch sees it now, not only
+        // the shards with a ready: the deferred part carries the snapshot
+        // saves and compactions of shards that may be idle this time, and
+        // raft-rs may read their storage before their next ready.
+        self.mark_persisted();
         fail::fail_point!("store::after_persist", |_| std::process::abort());
         let m = &mut self.obs.metrics;
         m.fsync_seconds.observe(
@@ -1201,7 +1211,6 @@ impl Store {
                 clock: self.time.as_ref(),
                 committed_at,
             };
-            peer.raw.mut_store().on_persisted();
             if let Some(snap) = snapshot {
                 fail::fail_point!("store::snapshot_install", |_| std::process::abort());
                 match decode_state(snap.get_data()) {
@@ -1229,10 +1238,11 @@ impl Store {
             );
             let mut light = peer.raw.advance(rd);
             if let Some(commit) = light.commit_index() {
-                let _ = peer
+                let staged = peer
                     .raw
                     .mut_store()
                     .set_commit_index(commit, &mut self.deferred);
+                staged_or_die(shard_id, "the commit index", staged);
             }
             snapshots_sent += queue_messages(&mut outbox, shard_id, light.take_messages());
             // Entries the light ready commits were learned just now.
@@ -1248,10 +1258,11 @@ impl Store {
             // it tells operators and tools how far each replica had applied.
             let applied = peer.applied_index;
             if applied > peer.raw.store().applied_index() {
-                let _ = peer
+                let staged = peer
                     .raw
                     .mut_store()
                     .set_applied_index(applied, &mut self.deferred);
+                staged_or_die(shard_id, "the applied index", staged);
             }
             serve_reads(peer);
             // raft-rs asked for a snapshot newer than the saved one (a
@@ -1266,20 +1277,46 @@ impl Store {
             if snapshot_wanted(peer, interval, force) {
                 // Timed only when taken: this runs per shard per iteration.
                 let started = self.time.now();
-                if take_snapshot(peer, interval, &mut self.deferred) {
-                    obs.metrics.snapshots_taken.inc();
-                    obs.metrics.snapshot_seconds.observe(
-                        self.time
-                            .now()
-                            .saturating_duration_since(started)
-                            .as_secs_f64(),
-                    );
-                }
+                take_snapshot(peer, interval, &mut self.deferred);
+                obs.metrics.snapshots_taken.inc();
+                obs.metrics.snapshot_seconds.observe(
+                    self.time
+                        .now()
+                        .saturating_duration_since(started)
+                        .as_secs_f64(),
+                );
             }
         }
         self.obs.metrics.snapshots_sent.inc_by(snapshots_sent);
         self.send_outbox(outbox);
         true
+    }
+
+    /// Makes every shard's staged writes visible to its raft-rs storage:
+    /// call right after writing the batch that holds them. Every write the
+    /// store stages goes into [`Store::deferred`] or into the batch that
+    /// starts from it (a replica's creation and destruction write their own
+    /// batch at once), so after that batch is written nothing staged
+    /// anywhere is still unwritten. A shard left out would keep a view that
+    /// contradicts the disk (entries compacted away, snapshot metadata
+    /// replaced) until its next ready, and raft-rs fails on such a read.
+    fn mark_persisted(&mut self) {
+        for peer in self.peers.values_mut() {
+            let store = peer.raw.mut_store();
+            if store.has_staged() {
+                store.on_persisted();
+            }
+        }
+    }
+
+    /// Writes the deferred batch now (unsynced, like at the end of an
+    /// iteration) and makes it visible.
+    fn flush_deferred(&mut self) {
+        let deferred = std::mem::take(&mut self.deferred);
+        if !deferred.is_empty() {
+            self.write_or_die(&deferred, false);
+        }
+        self.mark_persisted();
     }
 
     fn write_or_die(&self, batch: &WriteBatch, sync: bool) {
@@ -1619,6 +1656,12 @@ fn take_pending(peer: &mut Peer, entry: &Entry) -> Taken {
 }
 
 /// Applies a replica change to raft-rs and stages the new configuration.
+///
+/// The answer is an error only when nothing changed: raft-rs refuses a
+/// change before it touches its configuration (and every replica refuses
+/// the same entry alike). Once raft-rs applied it, the new configuration
+/// must reach the storage; a refused staging stops the node rather than
+/// answer "failed" for a change that happened.
 fn apply_conf_change(
     peer: &mut Peer,
     entry: &Entry,
@@ -1626,18 +1669,26 @@ fn apply_conf_change(
     batch: &mut WriteBatch,
 ) {
     use protobuf::Message as _;
-    let result = raft::prelude::ConfChange::parse_from_bytes(&entry.data)
-        .map_err(|e| e.to_string())
-        .and_then(|cc| peer.raw.apply_conf_change(&cc).map_err(|e| e.to_string()))
-        .and_then(|cs| {
-            peer.raw
-                .mut_store()
-                .set_conf_state(&cs, batch)
-                .map_err(|e| e.to_string())
-        });
+    let cc = match raft::prelude::ConfChange::parse_from_bytes(&entry.data) {
+        Ok(cc) => cc,
+        Err(e) => panic!(
+            "fencelock: shard {} configuration change {} does not decode: {e}",
+            peer.shard_id, entry.index
+        ),
+    };
+    let result = match peer.raw.apply_conf_change(&cc) {
+        Ok(cs) => {
+            let staged = peer.raw.mut_store().set_conf_state(&cs, batch);
+            staged_or_die(peer.shard_id, "a configuration", staged);
+            Ok(())
+        }
+        Err(e) => Err(ServerError::Internal(format!(
+            "configuration change refused: {e}"
+        ))),
+    };
     for r in responders {
         if let Responder::Done(tx) = r {
-            let _ = tx.send(result.clone().map_err(ServerError::Internal));
+            let _ = tx.send(result.clone());
         }
     }
 }
@@ -1816,8 +1867,8 @@ fn snapshot_wanted(peer: &Peer, interval: u64, force: bool) -> bool {
 }
 
 /// Saves a state-machine snapshot at the applied index and truncates the
-/// log behind it. Returns whether it took one.
-fn take_snapshot(peer: &mut Peer, interval: u64, batch: &mut WriteBatch) -> bool {
+/// log behind it.
+fn take_snapshot(peer: &mut Peer, interval: u64, batch: &mut WriteBatch) {
     debug_assert!(
         peer.applied_index > peer.last_snapshot_index,
         "snapshot_wanted: nothing applied since the last snapshot"
@@ -1827,20 +1878,30 @@ fn take_snapshot(peer: &mut Peer, interval: u64, batch: &mut WriteBatch) -> bool
     // not be visible in the storage until its write.
     let cs = peer.raw.raft.prs().conf().to_conf_state();
     let store = peer.raw.mut_store();
-    if store
-        .save_state_machine_snapshot(peer.applied_index, peer.applied_term, &cs, &data, batch)
-        .is_ok()
-    {
-        peer.last_snapshot_index = peer.applied_index;
-        peer.last_snapshot_bytes = data.len() as u64;
-        let keep = LOG_KEEP_BEHIND_SNAPSHOT.min(interval / 2);
-        let compact_to = peer.applied_index.saturating_sub(keep);
-        if compact_to > store.truncated().0 {
-            let _ = store.compact(compact_to, batch);
-        }
-        return true;
+    let saved =
+        store.save_state_machine_snapshot(peer.applied_index, peer.applied_term, &cs, &data, batch);
+    staged_or_die(peer.shard_id, "a snapshot", saved);
+    peer.last_snapshot_index = peer.applied_index;
+    peer.last_snapshot_bytes = data.len() as u64;
+    let keep = LOG_KEEP_BEHIND_SNAPSHOT.min(interval / 2);
+    let compact_to = peer.applied_index.saturating_sub(keep);
+    if compact_to > store.truncated().0 {
+        let compacted = store.compact(compact_to, batch);
+        staged_or_die(peer.shard_id, "a log compaction", compacted);
     }
-    false
+}
+
+/// Checks the staging of one write into a shard's storage. A refusal means
+/// the store's view of the shard is not what its storage holds (a bug, or
+/// state that raft-rs has already moved past): the node stops, as for a
+/// refused `Ready` or a failed write, and restarts from what is on disk,
+/// rather than carry on with a write silently missing.
+fn staged_or_die(shard_id: u64, what: &str, staged: fencelock_raftstore::Result<()>) {
+    #[cfg(test)]
+    let staged = tests::refusal(what).map_or(staged, Err);
+    if let Err(e) = staged {
+        panic!("fencelock: shard {shard_id}: staging {what} failed ({e}); stopping the node");
+    }
 }
 
 fn respond_err(responder: Responder, err: ServerError) {

@@ -1,0 +1,309 @@
+//! Store-loop unit tests on one node over an in-memory engine, driven one
+//! [`Store::step`] at a time with a clock the test advances.
+
+use std::cell::Cell;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use fencelock_raftstore::MemEngine;
+use fencelock_statemachine::{Command, LeaseId, Owner, ResourceName};
+
+use super::*;
+use crate::audit::AuditLog;
+use crate::metrics::Metrics;
+
+thread_local! {
+    /// The staging [`staged_or_die`] is told was refused (this thread only).
+    static REFUSE: Cell<Option<&'static str>> = const { Cell::new(None) };
+}
+
+/// A refusal for the staging of `what`, if a test armed one.
+pub(super) fn refusal(what: &str) -> Option<fencelock_raftstore::Error> {
+    let armed = REFUSE.with(Cell::get)?;
+    (armed == what).then(|| fencelock_raftstore::Error::InvalidState {
+        shard_id: 0,
+        reason: format!("the test refuses {what}"),
+    })
+}
+
+struct TestClock {
+    base: Instant,
+    ms: AtomicU64,
+}
+
+impl Clock for TestClock {
+    fn wall_ms(&self) -> u64 {
+        1_700_000_000_000 + self.ms.load(Ordering::Relaxed)
+    }
+
+    fn now(&self) -> Instant {
+        self.base + Duration::from_millis(self.ms.load(Ordering::Relaxed))
+    }
+}
+
+struct NullSink;
+
+impl PeerSink for NullSink {
+    fn send(&self, _to: u64, _envelopes: Vec<Envelope>) {}
+    fn add_peer(&self, _node_id: u64, _addr: &str) {}
+}
+
+/// The data shard of the one-node cluster (shard 0 is the meta shard).
+const DATA_SHARD: u64 = 1;
+
+struct OneNode {
+    store: Store,
+    clock: Arc<TestClock>,
+}
+
+impl OneNode {
+    /// A one-node cluster (meta shard and one data shard, one replica
+    /// each) whose shards lead and are ready.
+    fn start() -> OneNode {
+        let mut config = NodeConfig::for_test(1, "/nonexistent/store-unit", [(1, "10.0.0.1:7000")]);
+        config.shard_count = 1;
+        config.replication_factor = 1;
+        // Below what a config file may say: snapshots (and compactions, 5
+        // entries behind them) come quickly here.
+        config.raft.snapshot_interval_entries = 10;
+        let clock = Arc::new(TestClock {
+            base: Instant::now(),
+            ms: AtomicU64::new(0),
+        });
+        let io = StoreIo {
+            engine: Arc::new(MemEngine::new()),
+            sink: Arc::new(NullSink),
+            clock: clock.clone(),
+            fixed_election_timeout: true,
+        };
+        let (_tx, inbox) = crossbeam_channel::unbounded();
+        let router = Arc::new(Router::new(config.peer_map()));
+        let obs = Observers {
+            metrics: Metrics::new(1).store_locals(),
+            audit: AuditLog::disabled(),
+        };
+        let store = Store::open_with(config, io, inbox, Arc::default(), router, obs)
+            .expect("the store opens");
+        let mut node = OneNode { store, clock };
+        for _ in 0..100 {
+            node.tick();
+            if node.store.peers.values().all(Peer::is_ready_leader) {
+                return node;
+            }
+        }
+        panic!("the one-node shards did not become ready leaders");
+    }
+
+    fn tick(&mut self) {
+        let ms = self.store.config.raft.tick_interval_ms;
+        self.clock.ms.fetch_add(ms, Ordering::Relaxed);
+        self.store.step(Vec::new(), true);
+    }
+
+    fn step(&mut self, msg: StoreMsg) {
+        self.store.step(vec![msg], false);
+    }
+
+    /// One entry on the data shard (a renew of nothing: refused, applied).
+    fn propose_entry(&mut self) {
+        let msg = Self::entry();
+        self.step(msg);
+    }
+
+    fn entry() -> StoreMsg {
+        let (tx, _rx) = oneshot::channel();
+        StoreMsg::Propose {
+            shard_id: DATA_SHARD,
+            command: Command::Renew {
+                resource: ResourceName::parse("unit/entry").expect("valid"),
+                owner: Owner::anonymous(),
+                lease_id: LeaseId([7; 16]),
+                lease_ttl_ms: 1_000,
+            },
+            responder: Responder::Reply(tx),
+            caller: None,
+        }
+    }
+
+    fn data(&self) -> &Peer {
+        &self.store.peers[&DATA_SHARD]
+    }
+}
+
+/// Runs `f` with the staging of `what` refused; returns the panic message,
+/// if `f` panicked.
+fn with_refusal(what: &'static str, f: impl FnOnce()) -> Option<String> {
+    REFUSE.with(|r| r.set(Some(what)));
+    let result = catch_unwind(AssertUnwindSafe(f));
+    REFUSE.with(|r| r.set(None));
+    let payload = result.err()?;
+    Some(
+        payload
+            .downcast_ref::<String>()
+            .cloned()
+            .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
+            .unwrap_or_default(),
+    )
+}
+
+#[test]
+fn a_refused_commit_or_applied_index_stops_the_node() {
+    for what in ["the commit index", "the applied index"] {
+        let mut node = OneNode::start();
+        let panic = with_refusal(what, || node.propose_entry());
+        let message = panic.unwrap_or_else(|| panic!("refusing {what} did not stop the node"));
+        assert!(message.contains(what), "{what}: {message}");
+    }
+}
+
+#[test]
+fn a_refused_snapshot_or_compaction_stops_the_node() {
+    for what in ["a snapshot", "a log compaction"] {
+        let mut node = OneNode::start();
+        let panic = with_refusal(what, || {
+            // Past the interval of 10 and past the entries kept behind a
+            // snapshot (5): a snapshot and a compaction are due.
+            for _ in 0..30 {
+                node.propose_entry();
+            }
+        });
+        let message = panic.unwrap_or_else(|| panic!("refusing {what} did not stop the node"));
+        assert!(message.contains(what), "{what}: {message}");
+    }
+}
+
+#[test]
+fn a_configuration_change_raft_applied_is_never_answered_as_failed() {
+    let mut node = OneNode::start();
+    let (tx, mut rx) = oneshot::channel();
+    let change = StoreMsg::ChangeMembership {
+        shard_id: DATA_SHARD,
+        change: MembershipChange::AddLearner,
+        node_id: 2,
+        tx,
+    };
+    let panic = with_refusal("a configuration", || node.step(change));
+    // Either the node stopped, or the change did not happen: never an
+    // error answered for a change raft-rs applied.
+    let learners = node.store.peers[&DATA_SHARD]
+        .raw
+        .raft
+        .prs()
+        .conf()
+        .to_conf_state()
+        .learners;
+    let answer = rx.try_recv();
+    assert!(
+        panic.is_some(),
+        "the staging was refused and the node went on: answer {answer:?}, learners {learners:?}"
+    );
+}
+
+#[test]
+fn a_refused_configuration_change_is_answered_and_changes_nothing() {
+    let mut node = OneNode::start();
+    // Removing the only voter: raft-rs refuses it before changing anything.
+    let (tx, mut rx) = oneshot::channel();
+    node.step(StoreMsg::ChangeMembership {
+        shard_id: DATA_SHARD,
+        change: MembershipChange::Remove,
+        node_id: 1,
+        tx,
+    });
+    let answer = rx.try_recv().expect("answered at apply");
+    assert!(answer.is_err(), "{answer:?}");
+    let voters = node.store.peers[&DATA_SHARD]
+        .raw
+        .raft
+        .prs()
+        .conf()
+        .to_conf_state()
+        .voters;
+    assert_eq!(voters, vec![1]);
+    node.propose_entry();
+    node.tick();
+    assert!(node.store.peers[&DATA_SHARD].is_ready_leader());
+}
+
+/// A shard without a ready in the iteration that writes its deferred
+/// snapshot and compaction must see them before raft-rs reads its storage.
+///
+/// The data shard has a learner (node 2, never running: what it is sent
+/// is dropped) that needs a snapshot. One iteration applies an entry that
+/// makes the shard save a snapshot and compact its log into the deferred
+/// batch, and ends there (its second round, with nothing to do, would
+/// have written that batch at once). The next iteration has work only for
+/// the meta shard: it writes the batch, the data shard has no ready. Then
+/// the learner's heartbeat response arrives, and raft-rs, answering it,
+/// reads the data shard's storage for the snapshot to send (`term`,
+/// `snapshot`). Before every written shard was marked persisted, that read
+/// found the old snapshot's metadata replaced on disk and raft-rs stopped
+/// the node.
+#[test]
+fn a_learner_is_sent_the_snapshot_a_ready_less_iteration_wrote() {
+    let mut node = OneNode::start();
+    let (tx, mut rx) = oneshot::channel();
+    node.step(StoreMsg::ChangeMembership {
+        shard_id: DATA_SHARD,
+        change: MembershipChange::AddLearner,
+        node_id: 2,
+        tx,
+    });
+    assert!(matches!(rx.try_recv(), Ok(Ok(()))), "the learner was added");
+    // Past the first snapshots and compactions, so the log is truncated.
+    for _ in 0..25 {
+        node.propose_entry();
+    }
+    // An iteration's first round only: entries until one of them makes the
+    // shard save a snapshot (staged into the deferred batch, with a
+    // compaction behind it).
+    let before = node.data().last_snapshot_index;
+    for _ in 0..20 {
+        node.store.handle(OneNode::entry());
+        node.store.flush_proposals();
+        assert!(node.store.process_readies(), "the entry made a ready");
+        if node.data().last_snapshot_index > before {
+            break;
+        }
+        // Not yet: the rest of that iteration writes what it staged.
+        node.store.process_readies();
+    }
+    let taken = node.data().last_snapshot_index;
+    assert!(taken > before, "a snapshot was staged");
+    assert!(node.data().raw.store().has_staged());
+    // The next iteration: only the meta shard has work (a read).
+    let (tx, _read) = oneshot::channel();
+    node.step(StoreMsg::Read {
+        shard_id: META_SHARD_ID,
+        resource: ResourceName::parse("unit/read").expect("valid"),
+        tx,
+    });
+    // The learner answers a heartbeat: raft-rs sends it a snapshot, read
+    // from the storage.
+    let term = node.data().raw.raft.term;
+    let mut msg = Message::default();
+    msg.set_msg_type(raft::prelude::MessageType::MsgHeartbeatResponse);
+    msg.from = 2;
+    msg.to = 1;
+    msg.term = term;
+    node.step(StoreMsg::Raft {
+        envelopes: vec![Envelope {
+            shard_id: DATA_SHARD,
+            msg,
+        }],
+    });
+    let learner = node.data().raw.raft.prs().get(2).expect("learner progress");
+    assert_eq!(
+        learner.state,
+        raft::ProgressState::Snapshot,
+        "the learner is being sent the snapshot"
+    );
+    assert_eq!(learner.pending_snapshot, taken);
+    assert_eq!(
+        node.data().raw.store().snapshot_info().map(|s| s.index),
+        Some(taken),
+        "the written snapshot is what the storage shows"
+    );
+}
