@@ -14,6 +14,7 @@
 //! * [`name`] — resource name rules.
 //! * [`slots`] — resource → slot hashing and slot sets (what a shard owns).
 //! * [`migrate`] — moving slots' lock state between shards (resharding).
+//! * `waiters` — read access to the queued waiters.
 //! * [`limits`] — every bound, in one place.
 //! * [`codec`] — byte encodings of commands and snapshots.
 //! * [`error`] — the one error type, with retry hints.
@@ -28,6 +29,7 @@ pub mod name;
 pub mod slots;
 pub mod token;
 pub mod types;
+mod waiters;
 
 pub use codec::DecodeError;
 pub use error::{LockError, Retry};
@@ -37,3 +39,4 @@ pub use name::{NameError, ResourceName};
 pub use slots::{slot_of, SlotSet, SLOT_COUNT};
 pub use token::FencingToken;
 pub use types::*;
+pub use waiters::QueuedWaiter;

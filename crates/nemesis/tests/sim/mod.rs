@@ -11,6 +11,7 @@
 pub mod attempts;
 pub mod clients;
 pub mod lease_time;
+pub mod orphans;
 pub mod world;
 
 use fencelock_nemesis::check::{self, CheckConfig, Status, Verdict};

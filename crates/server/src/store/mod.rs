@@ -72,6 +72,9 @@ const MAX_MSGS_PER_ITERATION: usize = 4_096;
 /// or it reached a node that had not created the replica yet) would
 /// otherwise stall that replica forever.
 const SNAPSHOT_RESEND_TICKS: u32 = 30;
+/// How often, per proposal timeout, a ready leader looks for waiters whose
+/// callers are not connected to it (see [`sweep_orphans`]).
+const ORPHAN_SCANS_PER_GRACE: u32 = 4;
 /// Entries kept in the log behind the latest snapshot (at most half the
 /// snapshot interval), so a follower that is only a little behind catches up
 /// from the log rather than by snapshot.
@@ -217,6 +220,15 @@ struct Waiting {
     caller: Caller,
 }
 
+/// A waiter in the table whose caller is not registered with this leader
+/// (see [`sweep_orphans`]).
+struct Orphan {
+    resource: ResourceName,
+    /// Its latest attempt when it was first seen without a caller.
+    attempt: u32,
+    since: Instant,
+}
+
 /// The leader's clock: wall time read once at election plus monotonic time
 /// since, so a wall-clock step during a term does not move lease time
 /// (assumption A3 in docs/safety.md).
@@ -250,6 +262,13 @@ struct Peer {
     pending: HashMap<u64, Pending>,
     reads: HashMap<u64, PendingRead>,
     waiting: HashMap<LeaseId, Waiting>,
+    /// Ready leader: waiters nobody here waits for, since when.
+    orphans: BTreeMap<LeaseId, Orphan>,
+    /// Ready leader: when it next looks for orphans (`None`: at once).
+    next_orphan_scan: Option<Instant>,
+    /// How long a waiter may stay without a caller here before the leader
+    /// cancels it: the proposal timeout.
+    orphan_grace: Duration,
     clock: Option<LeaderClock>,
     /// Propose `LeaderChanged` at the next flush.
     needs_leader_changed: bool,
@@ -568,6 +587,9 @@ impl Store {
                 pending: HashMap::new(),
                 reads: HashMap::new(),
                 waiting: HashMap::new(),
+                orphans: BTreeMap::new(),
+                next_orphan_scan: None,
+                orphan_grace: Duration::from_millis(self.config.raft.proposal_timeout_ms),
                 clock: None,
                 needs_leader_changed: false,
                 leader_changed_at: None,
@@ -978,28 +1000,24 @@ impl Store {
             }
             // A waiting caller that went away: remove its waiter through Raft.
             // Sorted: the cancels' order in the log must not depend on hash
-            // order (a seeded simulation replays it exactly).
-            let mut gone: Vec<LeaseId> = peer
-                .waiting
-                .iter()
-                .filter(|(_, w)| w.tx.is_closed())
-                .map(|(l, _)| *l)
-                .collect();
-            gone.sort_unstable();
-            for lease_id in gone {
-                if let Some(w) = peer.waiting.remove(&lease_id) {
-                    if peer.is_ready_leader() {
-                        peer.queued.push((
-                            Command::Cancel {
-                                resource: w.resource,
-                                lease_id,
-                                attempt: w.attempt,
-                            },
-                            Responder::None,
-                            w.caller,
-                        ));
+            // order (a seeded simulation replays it exactly). Only a ready
+            // leader proposes; until then the caller stays registered, and
+            // if leadership is lost instead, the next leader finds the
+            // waiter without a caller and cancels it (`sweep_orphans`).
+            if peer.is_ready_leader() {
+                let mut gone: Vec<LeaseId> = peer
+                    .waiting
+                    .iter()
+                    .filter(|(_, w)| w.tx.is_closed())
+                    .map(|(l, _)| *l)
+                    .collect();
+                gone.sort_unstable();
+                for lease_id in gone {
+                    if let Some(w) = peer.waiting.remove(&lease_id) {
+                        queue_cancel(peer, w.resource, lease_id, w.attempt, w.caller);
                     }
                 }
+                sweep_orphans(peer, now, false);
             }
             if peer.is_leader()
                 && !peer.is_ready_leader()
@@ -1083,13 +1101,24 @@ impl Store {
                         peer.track_commands(id, responders, callers, now);
                     }
                     Err(_) => {
-                        for r in responders {
-                            respond_err(r, ServerError::LeaderUnknown { shard_id });
+                        // Refused while leading (a leadership transfer in
+                        // progress): a cancel for a gone caller is kept for
+                        // the next flush; if leadership moves, the next
+                        // leader cancels the waiter (`sweep_orphans`).
+                        let chunk = commands.into_iter().zip(responders).zip(callers);
+                        for ((command, responder), caller) in chunk {
+                            match (command, responder) {
+                                (command @ Command::Cancel { .. }, Responder::None) => {
+                                    refused_cancels.push((command, Responder::None, caller));
+                                }
+                                (_, r) => respond_err(r, ServerError::LeaderUnknown { shard_id }),
+                            }
                         }
                     }
                 }
             }
             let peer = self.peers.get_mut(&shard_id).expect("listed");
+            peer.queued.append(&mut refused_cancels);
             if peer.meta_queued.is_empty() {
                 continue;
             }
@@ -1486,6 +1515,8 @@ fn on_role_change(peer: &mut Peer, role: StateRole, time: &dyn Clock) {
     }
     peer.clock = None;
     peer.hot.clear();
+    peer.orphans.clear();
+    peer.next_orphan_scan = None;
     peer.needs_leader_changed = false;
     peer.leader_changed_at = None;
     peer.tick_in_flight = None;
@@ -1578,6 +1609,16 @@ fn apply_entries(
                 now_ms,
             };
             let outcome = peer.table.apply(command, &ctx);
+            // This leader's own `LeaderChanged` (it is ready from here on)
+            // or an import: waiters nobody here waits for may have arrived.
+            let arrived = match command {
+                Command::LeaderChanged { .. } => true,
+                Command::ImportSlots { .. } => outcome.reply.is_ok(),
+                _ => false,
+            };
+            if arrived && peer.is_ready_leader() {
+                sweep_orphans(peer, obs.clock.now(), true);
+            }
             let caller = callers.next().flatten();
             let at = observe::At {
                 shard_id: peer.shard_id,
@@ -1716,6 +1757,8 @@ fn respond(
         }
         Responder::Acquire { resource, tx } => match reply {
             Ok(Reply::Acquire(a)) => {
+                // This attempt's caller is here: the acquire is nobody's orphan.
+                peer.orphans.remove(&a.lease_id);
                 if let AcquireStatus::Queued { .. } = a.status {
                     // Answered when a later apply grants or ends the wait.
                     // A retry replaces an earlier attempt's entry: only the
@@ -1730,7 +1773,14 @@ fn respond(
                         },
                     );
                 } else {
-                    let _ = tx.send(finish_acquire(peer.table.epoch(), a));
+                    let held = matches!(a.status, AcquireStatus::Held { .. });
+                    let (lease_id, attempt) = (a.lease_id, a.attempt);
+                    if tx.send(finish_acquire(peer.table.epoch(), a)).is_err() && held {
+                        // The caller left before it heard of the grant:
+                        // nobody holds this lease. Cancel this attempt (a
+                        // retry attached since is a later one and stays).
+                        queue_cancel(peer, resource, lease_id, attempt, caller);
+                    }
                 }
             }
             Ok(other) => {
@@ -1766,6 +1816,7 @@ fn on_event(
     }
     match event {
         Event::Granted {
+            resource,
             lease_id,
             token,
             expires_at_ms,
@@ -1773,7 +1824,7 @@ fn on_event(
             ..
         } => {
             if let Some(w) = peer.waiting.remove(lease_id) {
-                let _ = w.tx.send(Ok(AcquireReply {
+                let told = w.tx.send(Ok(AcquireReply {
                     lease_id: *lease_id,
                     deduplicated: false,
                     status: AcquireStatus::Held {
@@ -1783,11 +1834,18 @@ fn on_event(
                     },
                     attempt: w.attempt,
                 }));
+                if told.is_err() {
+                    // The waiter's caller left just before its turn came:
+                    // nobody holds the lease it was handed. Cancel it, as
+                    // the waiter would have been (naming its attempt).
+                    queue_cancel(peer, resource.clone(), *lease_id, w.attempt, w.caller);
+                }
             }
         }
         Event::WaitEnded {
             lease_id, ended, ..
         } => {
+            peer.orphans.remove(lease_id);
             if let Some(w) = peer.waiting.remove(lease_id) {
                 let reply = AcquireReply {
                     lease_id: *lease_id,
@@ -1800,7 +1858,9 @@ fn on_event(
         }
         Event::WaitMoved { resource, lease_id } => {
             // The wait continues on the shard the resource moved to; the
-            // caller's retry (same requestId) finds it there.
+            // caller's retry (same requestId) finds it there (and that
+            // shard's leader cancels it if no retry comes).
+            peer.orphans.remove(lease_id);
             if let Some(w) = peer.waiting.remove(lease_id) {
                 let _ = w.tx.send(Err(ServerError::Lock(LockError::WrongShard {
                     slot: slot_of(resource),
@@ -1808,7 +1868,106 @@ fn on_event(
                 })));
             }
         }
-        Event::LeaseEnded { .. } => {}
+        Event::LeaseEnded { lease_id, .. } => {
+            peer.orphans.remove(lease_id);
+        }
+    }
+}
+
+/// Queues the `Cancel` of `attempt` of `lease_id`, whose caller is gone.
+/// The state machine ignores it if a later attempt (a retry by request id,
+/// which may have been told of the grant) attached since.
+fn queue_cancel(
+    peer: &mut Peer,
+    resource: ResourceName,
+    lease_id: LeaseId,
+    attempt: u32,
+    caller: Caller,
+) {
+    peer.queued.push((
+        Command::Cancel {
+            resource,
+            lease_id,
+            attempt,
+        },
+        Responder::None,
+        caller,
+    ));
+}
+
+/// Ready leader: cancels the waiters whose callers are not connected here.
+///
+/// A waiting caller is registered with the leader that applied its acquire
+/// (`Peer::waiting`); that leader cancels the waiter when the caller goes
+/// away. Nobody is registered, though, for a waiter queued under an earlier
+/// leader (its caller was answered `OUTCOME_UNKNOWN` or lost its
+/// connection when leadership moved, and a cancel that leader had queued or
+/// proposed may never have committed), for one that arrived with an import
+/// (a migration moved it here), or for one whose cancel was lost. Its
+/// caller, if it is still there, retries with the same request id, which
+/// attaches a new attempt and registers it here. So a waiter found
+/// unregistered, still at the same attempt, `grace` (the proposal timeout)
+/// after it was first found is cancelled, naming that attempt; if it was
+/// granted in the meantime, nobody was told, and the cancel ends the lease.
+/// A retry that attached in between makes the cancel a no-op.
+///
+/// Also run (`force`) the moment a leader's `LeaderChanged` entry or an
+/// import applies: every waiter there is then is found before any later
+/// entry of this leader can grant it, so a waiter granted before the next
+/// periodic look is still known to have no caller.
+fn sweep_orphans(peer: &mut Peer, now: Instant, force: bool) {
+    if !force && peer.next_orphan_scan.is_some_and(|at| now < at) {
+        return;
+    }
+    let grace = peer.orphan_grace;
+    peer.next_orphan_scan = Some(now + grace / ORPHAN_SCANS_PER_GRACE);
+    let mut tracked = std::mem::take(&mut peer.orphans);
+    let mut orphans = BTreeMap::new();
+    for w in peer.table.queued_waiters() {
+        if peer.waiting.contains_key(&w.lease_id) {
+            continue;
+        }
+        let since = match tracked.remove(&w.lease_id) {
+            Some(o) if o.attempt == w.attempt => o.since,
+            _ => now,
+        };
+        orphans.insert(
+            w.lease_id,
+            Orphan {
+                resource: w.resource.clone(),
+                attempt: w.attempt,
+                since,
+            },
+        );
+    }
+    // Tracked waiters that were granted since, with nobody here to tell.
+    for (lease_id, o) in tracked {
+        if peer
+            .table
+            .view(&o.resource)
+            .is_some_and(|v| v.lease_id == lease_id)
+        {
+            orphans.insert(lease_id, o);
+        }
+    }
+    let mut due = Vec::new();
+    orphans.retain(|lease_id, o| {
+        let keep = now.saturating_duration_since(o.since) < grace;
+        if !keep {
+            due.push((o.resource.clone(), *lease_id, o.attempt));
+        }
+        keep
+    });
+    peer.orphans = orphans;
+    if !due.is_empty() {
+        tracing::info!(
+            shard_id = peer.shard_id,
+            cancelled = due.len(),
+            "cancelling acquires whose callers are not connected to this leader"
+        );
+    }
+    for (resource, lease_id, attempt) in due {
+        queue_cancel(peer, resource, lease_id, attempt, None);
     }
 }
 

@@ -1,0 +1,29 @@
+//! Read access to the queued waiters, for the server's sweep of waiters
+//! whose callers are not connected to the leader (docs/safety.md,
+//! "Waiting"). Reads only: nothing here changes the table.
+
+use crate::machine::LockTable;
+use crate::name::ResourceName;
+use crate::types::LeaseId;
+
+/// One queued waiter as the leader sees it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct QueuedWaiter<'a> {
+    pub resource: &'a ResourceName,
+    pub lease_id: LeaseId,
+    /// Its latest attempt: what a `Cancel` for it must name.
+    pub attempt: u32,
+}
+
+impl LockTable {
+    /// Every queued waiter, by resource and then queue order.
+    pub fn queued_waiters(&self) -> impl Iterator<Item = QueuedWaiter<'_>> {
+        self.records.iter().flat_map(|(resource, record)| {
+            record.waiters.iter().map(move |w| QueuedWaiter {
+                resource,
+                lease_id: w.lease_id,
+                attempt: w.attempt,
+            })
+        })
+    }
+}
