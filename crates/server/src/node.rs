@@ -43,6 +43,7 @@ pub struct Node {
     status: Arc<Mutex<Vec<ShardStatus>>>,
     router: Arc<Router>,
     map_task: tokio::task::JoinHandle<()>,
+    epoch_task: tokio::task::JoinHandle<()>,
     ops: crate::ops::Ops,
     metrics: Arc<Metrics>,
     life: Arc<Lifecycle>,
@@ -149,6 +150,84 @@ async fn refresh_map(ops: crate::ops::Ops, status: Arc<Mutex<Vec<ShardStatus>>>)
             let _ = ops.fresh_map().await;
         }
     }
+}
+
+/// How often a node looks at the token positions of the shards it leads.
+const EPOCH_CHECK_INTERVAL: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Gives the shards this node leads a new epoch before their token
+/// positions run out (docs/safety.md, "Fencing tokens").
+async fn advance_epochs(
+    ops: crate::ops::Ops,
+    status: Arc<Mutex<Vec<ShardStatus>>>,
+    store_tx: StoreSender,
+) {
+    let mut interval = tokio::time::interval(EPOCH_CHECK_INTERVAL);
+    interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        interval.tick().await;
+        let shards = status.lock().map(|s| s.clone()).unwrap_or_default();
+        let below = crate::store::EPOCH_ADVANCE_POSITIONS_LEFT;
+        for (shard_id, result) in advance_low_epochs(&ops, &store_tx, &shards, below).await {
+            match result {
+                Ok(epoch) => tracing::info!(
+                    shard_id,
+                    epoch,
+                    "token positions ran low: the shard moved to a new epoch"
+                ),
+                Err(e) => tracing::warn!(
+                    shard_id,
+                    "token positions run low and the shard has no new epoch yet (retried): {}",
+                    e.message()
+                ),
+            }
+        }
+    }
+}
+
+/// For every shard in `shards` that this node leads with fewer than
+/// `below` token positions left: takes a new epoch from the placement
+/// controller's counter (`AdvanceEpoch`, the same step that gives a
+/// migration's source a fresh epoch when it takes its slots back) and has
+/// the shard start it at a new entry (`StoreMsg::AdoptEpoch`). Returns each
+/// such shard with its new epoch or why it has none yet; a later call tries
+/// again (the controller refuses while a migration involves the shard, and
+/// an epoch handed out but never started is simply never used).
+async fn advance_low_epochs(
+    ops: &crate::ops::Ops,
+    store_tx: &StoreSender,
+    shards: &[ShardStatus],
+    below: u64,
+) -> Vec<(u64, Result<u64, tonic::Status>)> {
+    let mut out = Vec::new();
+    for shard in shards {
+        let low = shard.is_leader
+            && shard.shard_id != fencelock_placement::META_SHARD_ID
+            && shard.token_positions_left < below;
+        if !low {
+            continue;
+        }
+        let shard_id = shard.shard_id;
+        let result = async {
+            let advanced = ops
+                .propose_meta(fencelock_placement::PlacementCommand::AdvanceEpoch { shard_id })
+                .await?;
+            let (tx, rx) = oneshot::channel();
+            let epoch = advanced.epoch;
+            store_tx
+                .try_send(StoreMsg::AdoptEpoch {
+                    shard_id,
+                    epoch,
+                    tx,
+                })
+                .map_err(|_| ServerError::ServerBusy)?;
+            rx.await.map_err(|_| ServerError::ShuttingDown)??;
+            Ok::<u64, tonic::Status>(epoch)
+        }
+        .await;
+        out.push((shard_id, result));
+    }
+    out
 }
 
 impl Node {
@@ -265,6 +344,11 @@ impl Node {
         // A node without a replica of the meta shard (one added later) gets
         // the map from its peers: at start, then every few seconds.
         let map_task = tokio::spawn(refresh_map(ops.clone(), status.clone()));
+        let epoch_task = tokio::spawn(advance_epochs(
+            ops.clone(),
+            status.clone(),
+            store_tx.clone(),
+        ));
         let (stop_tx, stop_rx) = oneshot::channel::<()>();
         let incoming =
             crate::security::conn::capped_incoming(listener, config.edge.max_connections);
@@ -356,6 +440,7 @@ impl Node {
             status,
             router,
             map_task,
+            epoch_task,
             ops,
             metrics,
             life,
@@ -468,6 +553,15 @@ impl Node {
         rx.await.map_err(|_| ServerError::ShuttingDown)?
     }
 
+    /// What the node's epoch task does every few seconds, now and with any
+    /// threshold: every shard this node leads with fewer than `below` token
+    /// positions left moves to a new epoch from the placement controller.
+    /// Returns each such shard with its new epoch or the failure.
+    pub async fn advance_epochs(&self, below: u64) -> Vec<(u64, Result<u64, tonic::Status>)> {
+        let shards = self.shard_status();
+        advance_low_epochs(&self.ops, &self.store_tx, &shards, below).await
+    }
+
     /// This node's view of the placement map and shard leaders.
     pub fn router(&self) -> &Arc<Router> {
         &self.router
@@ -477,6 +571,7 @@ impl Node {
     /// SHUTTING_DOWN), flushes and closes the database and the audit log.
     pub async fn shutdown(mut self) {
         self.map_task.abort();
+        self.epoch_task.abort();
         if let Some(stop) = self.http_stop.take() {
             let _ = stop.send(());
         }
@@ -515,6 +610,7 @@ impl Node {
 impl Drop for Node {
     fn drop(&mut self) {
         self.map_task.abort();
+        self.epoch_task.abort();
         if let Some(task) = self.http_task.take() {
             task.abort();
         }

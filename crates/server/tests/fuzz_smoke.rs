@@ -25,7 +25,7 @@ use fencelock_placement::{PlacementCommand, PlacementMap};
 use fencelock_server::errors::ServerError;
 use fencelock_server::internal::{RaftBatch, RaftEnvelope};
 use fencelock_server::store::{
-    decode_payload, decode_state, encode_payload, encode_state, Payload,
+    decode_payload, decode_state, encode_payload, encode_payload_at_epoch, encode_state, Payload,
 };
 use fencelock_server::validate;
 use fencelock_statemachine::{Limits, LockTable, SlotSet};
@@ -130,6 +130,9 @@ fn log_payload(data: &[u8]) {
         if let Ok((now_ms, payload)) = decode_payload(bytes) {
             let again = match &payload {
                 Payload::Locks(commands) => encode_payload(now_ms, commands),
+                Payload::LocksAtEpoch { epoch, commands } => {
+                    encode_payload_at_epoch(now_ms, *epoch, commands)
+                }
                 Payload::Placement(commands) => placement_payload(now_ms, commands),
             };
             assert_eq!(again, bytes, "non-canonical payload");

@@ -38,7 +38,9 @@ mod tests;
 pub use hot::{HotEntry, HOT_REPORTED_PER_SHARD};
 pub use io::{Clock, PeerSink, StoreIo, SystemClock};
 pub use observe::Observers;
-pub use payload::{decode_payload, decode_state, encode_payload, encode_state, Payload};
+pub use payload::{
+    decode_payload, decode_state, encode_payload, encode_payload_at_epoch, encode_state, Payload,
+};
 #[cfg(feature = "simulation")]
 pub use sim::SimFault;
 
@@ -79,6 +81,14 @@ const ORPHAN_SCANS_PER_GRACE: u32 = 4;
 /// snapshot interval), so a follower that is only a little behind catches up
 /// from the log rather than by snapshot.
 const LOG_KEEP_BEHIND_SNAPSHOT: u64 = 1_000;
+
+/// A shard that leads with fewer token positions left in its epoch than
+/// this asks the placement controller for a new epoch (`Node`'s epoch
+/// task). Every log entry of the shard uses a position, not only grants:
+/// at 10,000 entries per second this leaves about ten months, ample for a
+/// retried hand-over, of the 2^40 - 2^36 positions an epoch grants before
+/// refusing acquires (`TOKEN_SPACE_EXHAUSTED`).
+pub const EPOCH_ADVANCE_POSITIONS_LEFT: u64 = 1 << 38;
 
 pub type AcquireResult = Result<AcquireReply, ServerError>;
 pub type ReplyResult = Result<Reply, ServerError>;
@@ -165,6 +175,16 @@ pub enum StoreMsg {
         shard_id: u64,
         removed: bool,
         tx: oneshot::Sender<Result<(), ServerError>>,
+    },
+    /// Start the shard's next epoch, `epoch`, at a new entry of this node's
+    /// ready leader replica of `shard_id`. Only for an epoch the placement
+    /// controller handed this shard (`AdvanceEpoch`). Answered when that
+    /// entry applied (it carries a `Tick`): `Ticked` once the shard is at
+    /// `epoch`, `StaleEpoch` if it was already past it.
+    AdoptEpoch {
+        shard_id: u64,
+        epoch: u64,
+        tx: oneshot::Sender<ReplyResult>,
     },
     /// Ask this node's leader replica of `shard_id` to hand leadership to
     /// `to`; answered at once, the transfer completes asynchronously.
@@ -259,6 +279,8 @@ struct Peer {
     placement: Option<PlacementMap>,
     queued: Vec<(Command, Responder, Caller)>,
     meta_queued: Vec<(PlacementCommand, oneshot::Sender<MetaResult>)>,
+    /// An epoch to start at the next flush (see `StoreMsg::AdoptEpoch`).
+    epoch_queued: Option<(u64, oneshot::Sender<ReplyResult>)>,
     pending: HashMap<u64, Pending>,
     reads: HashMap<u64, PendingRead>,
     waiting: HashMap<LeaseId, Waiting>,
@@ -349,6 +371,9 @@ pub struct ShardStatus {
     pub snapshots_installed: u64,
     pub commit_index: u64,
     pub epoch: u64,
+    /// Token positions left in the current epoch before new acquires are
+    /// refused (see [`EPOCH_ADVANCE_POSITIONS_LEFT`]).
+    pub token_positions_left: u64,
     pub waiters: usize,
     pub voters: Vec<u64>,
     pub learners: Vec<u64>,
@@ -584,6 +609,7 @@ impl Store {
                 placement,
                 queued: Vec::new(),
                 meta_queued: Vec::new(),
+                epoch_queued: None,
                 pending: HashMap::new(),
                 reads: HashMap::new(),
                 waiting: HashMap::new(),
@@ -814,6 +840,23 @@ impl Store {
             } => {
                 let _ = tx.send(self.destroy_peer(shard_id, removed));
             }
+            StoreMsg::AdoptEpoch {
+                shard_id,
+                epoch,
+                tx,
+            } => match self.ready_peer(shard_id) {
+                Ok(peer) => {
+                    if let Some((_, earlier)) = peer.epoch_queued.replace((epoch, tx)) {
+                        respond_err(
+                            Responder::Reply(earlier),
+                            ServerError::Internal("replaced by a later epoch".into()),
+                        );
+                    }
+                }
+                Err(e) => {
+                    let _ = tx.send(Err(e));
+                }
+            },
             StoreMsg::TransferLeader { shard_id, to, tx } => {
                 let is_leader = self.peers.get(&shard_id).map(|p| p.is_leader());
                 let result = match is_leader {
@@ -1066,6 +1109,32 @@ impl Store {
                     peer.track(id, vec![Responder::None], now);
                 }
             }
+            let adopt = {
+                let peer = self.peers.get_mut(&shard_id).expect("listed");
+                peer.epoch_queued.take()
+            };
+            if let Some((epoch, tx)) = adopt {
+                let id = self.next_proposal_id();
+                let peer = self.peers.get_mut(&shard_id).expect("listed");
+                let responder = Responder::Reply(tx);
+                match peer.clock.filter(|_| peer.is_leader()) {
+                    None => respond_err(responder, ServerError::LeaderUnknown { shard_id }),
+                    Some(clock) => {
+                        // A Tick: the entry must carry a command for the
+                        // table to apply at the new epoch, and a Tick
+                        // changes nothing that is not due anyway.
+                        let data =
+                            encode_payload_at_epoch(clock.now_ms(now), epoch, &[Command::Tick]);
+                        match peer.raw.propose(id.to_be_bytes().to_vec(), data) {
+                            Ok(()) => peer.track_commands(id, vec![responder], vec![None], now),
+                            Err(_) => {
+                                respond_err(responder, ServerError::LeaderUnknown { shard_id })
+                            }
+                        }
+                    }
+                }
+            }
+            let mut refused_cancels = Vec::new();
             loop {
                 let peer = self.peers.get_mut(&shard_id).expect("listed");
                 if peer.queued.is_empty() {
@@ -1388,6 +1457,7 @@ impl Store {
                     snapshots_installed: p.snapshots_installed,
                     commit_index: p.raw.raft.raft_log.committed,
                     epoch: p.table.epoch(),
+                    token_positions_left: p.table.token_positions_left(),
                     waiters: p.table.waiter_count(),
                     voters: conf.voters.clone(),
                     learners: conf.learners.clone(),
@@ -1432,6 +1502,9 @@ fn fail_peer(peer: &mut Peer, e: ServerError) {
         respond_err(r, e.clone());
     }
     for (_, tx) in peer.meta_queued.drain(..) {
+        let _ = tx.send(Err(e.clone()));
+    }
+    if let Some((_, tx)) = peer.epoch_queued.take() {
         let _ = tx.send(Err(e.clone()));
     }
     for (_, r) in peer.reads.drain() {
@@ -1534,6 +1607,9 @@ fn on_role_change(peer: &mut Peer, role: StateRole, time: &dyn Clock) {
     for (_, tx) in peer.meta_queued.drain(..) {
         let _ = tx.send(Err(ServerError::LeaderUnknown { shard_id }));
     }
+    if let Some((_, tx)) = peer.epoch_queued.take() {
+        let _ = tx.send(Err(ServerError::LeaderUnknown { shard_id }));
+    }
     for (_, r) in peer.reads.drain() {
         let _ = r.tx.send(Err(ServerError::LeaderUnknown { shard_id }));
     }
@@ -1587,8 +1663,9 @@ fn apply_entries(
                 peer.shard_id, entry.index
             ),
         };
-        let commands = match payload {
-            Payload::Locks(commands) => commands,
+        let (entry_epoch, commands) = match payload {
+            Payload::Locks(commands) => (None, commands),
+            Payload::LocksAtEpoch { epoch, commands } => (Some(epoch), commands),
             Payload::Placement(commands) => {
                 apply_placement(peer, &commands, responders);
                 continue;
@@ -1601,11 +1678,13 @@ fn apply_entries(
         let leader = peer.is_leader();
         for command in &commands {
             // The table's own epoch: an import moves it mid-entry, and the
-            // commands after it belong to the new epoch.
+            // commands after it belong to the new epoch. An entry stamped
+            // with an epoch is applied at that one: the table moves to it
+            // (positions start again at 1) or refuses it as stale.
             let ctx = ApplyContext {
                 index: entry.index,
                 term: entry.term,
-                epoch: peer.table.epoch(),
+                epoch: entry_epoch.unwrap_or_else(|| peer.table.epoch()),
                 now_ms,
             };
             let outcome = peer.table.apply(command, &ctx);

@@ -1,10 +1,12 @@
 //! Bytes the store writes into Raft: entry payloads and snapshot data.
 //!
 //! An entry payload starts with a version byte that also says what it
-//! carries: lock commands for the shard's [`LockTable`] (version 1) or
-//! placement commands for the meta shard's [`PlacementMap`] (version 2).
-//! Both carry the proposing leader's time stamp. A snapshot's data is the
-//! lock table plus, on the meta shard, the placement map.
+//! carries: lock commands for the shard's [`LockTable`] (version 1),
+//! placement commands for the meta shard's [`PlacementMap`] (version 2), or
+//! lock commands that start the shard's next epoch (version 3: the epoch
+//! follows the header). All carry the proposing leader's time stamp. A
+//! snapshot's data is the lock table plus, on the meta shard, the placement
+//! map.
 
 use fencelock_placement::{PlacementCommand, PlacementMap};
 use fencelock_statemachine::{Command, LockTable};
@@ -13,6 +15,8 @@ use fencelock_statemachine::{Command, LockTable};
 const PAYLOAD_LOCKS: u8 = 1;
 /// Payload of placement commands (meta shard only).
 const PAYLOAD_PLACEMENT: u8 = 2;
+/// Payload of lock commands applied at a new epoch of the shard.
+const PAYLOAD_LOCKS_AT_EPOCH: u8 = 3;
 /// Snapshot envelope magic and version.
 const STATE_MAGIC: &[u8; 4] = b"FLSS";
 const STATE_VERSION: u8 = 1;
@@ -21,6 +25,14 @@ const STATE_VERSION: u8 = 1;
 #[derive(Debug, PartialEq, Eq)]
 pub enum Payload {
     Locks(Vec<Command>),
+    /// Lock commands applied at `epoch`, which the shard takes at this
+    /// entry if it is above the current one (an epoch the placement
+    /// controller handed out with `AdvanceEpoch`; docs/safety.md, "Fencing
+    /// tokens").
+    LocksAtEpoch {
+        epoch: u64,
+        commands: Vec<Command>,
+    },
     Placement(Vec<PlacementCommand>),
 }
 
@@ -28,15 +40,28 @@ pub enum Payload {
 pub fn encode_payload(now_ms: u64, commands: &[Command]) -> Vec<u8> {
     let mut out = Vec::with_capacity(16 + commands.len() * 64);
     header(&mut out, PAYLOAD_LOCKS, now_ms, commands.len());
+    encode_commands(&mut out, commands);
+    out
+}
+
+/// A payload of lock commands that the shard applies at `epoch`.
+pub fn encode_payload_at_epoch(now_ms: u64, epoch: u64, commands: &[Command]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(24 + commands.len() * 64);
+    header(&mut out, PAYLOAD_LOCKS_AT_EPOCH, now_ms, commands.len());
+    out.extend_from_slice(&epoch.to_be_bytes());
+    encode_commands(&mut out, commands);
+    out
+}
+
+fn encode_commands(out: &mut Vec<u8>, commands: &[Command]) {
     for c in commands {
         // Length prefix first, patched once the command is written in place.
         let at = out.len();
         out.extend_from_slice(&[0; 4]);
-        c.encode_into(&mut out);
+        c.encode_into(out);
         let len = (out.len() - at - 4) as u32;
         out[at..at + 4].copy_from_slice(&len.to_be_bytes());
     }
-    out
 }
 
 /// A payload of placement commands for the meta shard.
@@ -80,13 +105,11 @@ pub fn decode_payload(data: &[u8]) -> Result<(u64, Payload), String> {
         return Err("payload count too large".into());
     }
     let payload = match version {
-        PAYLOAD_LOCKS => {
-            let mut commands = Vec::with_capacity(n);
-            for _ in 0..n {
-                let len = be_u32(&mut rest)?;
-                commands.push(Command::decode(take(&mut rest, len)?).map_err(|e| e.to_string())?);
-            }
-            Payload::Locks(commands)
+        PAYLOAD_LOCKS => Payload::Locks(decode_commands(&mut rest, n)?),
+        PAYLOAD_LOCKS_AT_EPOCH => {
+            let epoch = u64::from_be_bytes(take(&mut rest, 8)?.try_into().expect("8 bytes"));
+            let commands = decode_commands(&mut rest, n)?;
+            Payload::LocksAtEpoch { epoch, commands }
         }
         PAYLOAD_PLACEMENT => {
             let mut commands = Vec::with_capacity(n);
@@ -104,6 +127,15 @@ pub fn decode_payload(data: &[u8]) -> Result<(u64, Payload), String> {
         return Err("trailing bytes in payload".into());
     }
     Ok((now_ms, payload))
+}
+
+fn decode_commands(rest: &mut &[u8], n: usize) -> Result<Vec<Command>, String> {
+    let mut commands = Vec::with_capacity(n);
+    for _ in 0..n {
+        let len = be_u32(rest)?;
+        commands.push(Command::decode(take(rest, len)?).map_err(|e| e.to_string())?);
+    }
+    Ok(commands)
 }
 
 /// A shard replica's state as snapshot data.
@@ -172,6 +204,28 @@ mod tests {
         assert!(decode_payload(&version).is_err());
     }
 
+    #[test]
+    fn payload_at_an_epoch_round_trips_and_refuses_damage() {
+        let commands = vec![Command::Tick];
+        let bytes = encode_payload_at_epoch(42, 77, &commands);
+        assert_eq!(
+            decode_payload(&bytes),
+            Ok((
+                42,
+                Payload::LocksAtEpoch {
+                    epoch: 77,
+                    commands
+                }
+            ))
+        );
+        for cut in 0..bytes.len() {
+            assert!(decode_payload(&bytes[..cut]).is_err(), "truncated at {cut}");
+        }
+        let mut long = bytes;
+        long.push(0);
+        assert!(decode_payload(&long).is_err());
+    }
+
     /// Deterministic damage to valid payloads and snapshot data (a log
     /// entry or snapshot from a peer or a bad disk): decoding returns an
     /// error or a value, never panics.
@@ -197,6 +251,7 @@ mod tests {
                 ],
             ),
             encode_placement_payload(2, &[PlacementCommand::RemoveNode { node_id: 3 }]),
+            encode_payload_at_epoch(3, 9, &[Command::Tick]),
             encode_state(&table, Some(&map)),
             encode_state(&table, None),
         ];
