@@ -358,9 +358,7 @@ impl LockTable {
                 *clock_offset_allowance_ms,
                 ctx,
             ),
-            Command::DropExport { migration_id } => Ok(Reply::ExportDropped {
-                existed: self.exports.remove(migration_id).is_some(),
-            }),
+            Command::DropExport { migration_id } => Ok(self.drop_export(*migration_id)),
             Command::CloseMigration {
                 migration_id,
                 slots,

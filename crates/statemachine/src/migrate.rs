@@ -24,7 +24,8 @@
 //!    change the shard any more, and the reply says what it did before. The
 //!    one exception is the source taking its own kept export back (the
 //!    roll-back of a migration whose target was closed without importing).
-//!    `last_imported_migration` is the fence: ids up to it are settled here.
+//!    `last_imported_migration` is the fence: ids up to it are settled here
+//!    (an import, a close and a `DropExport` each settle their id).
 
 use crate::codec::{decode_export, encode_export, Export};
 use crate::error::LockError;
@@ -141,6 +142,11 @@ impl LockTable {
         allowance_ms: u64,
         ctx: &ApplyContext,
     ) -> Result<Reply, LockError> {
+        if migration_id != 0 && self.later_than(migration_id) {
+            // This shard already took part in a later migration: this one
+            // has ended, whatever the caller believes.
+            return Err(closed(migration_id));
+        }
         if migration_id != 0 && migration_id <= self.last_imported_migration {
             if slots.is_subset(&self.owned) {
                 // Imported before (or the slots are this shard's anyway):
@@ -264,12 +270,30 @@ impl LockTable {
                 reason: "close needs a migration id",
             });
         }
+        let later_migration = self.later_than(migration_id);
         self.last_imported_migration = self.last_imported_migration.max(migration_id);
         Ok(Reply::MigrationClosed {
             pending_export: self.exports.get(&migration_id).map(|e| e.slots),
             owns_slots: slots.is_subset(&self.owned),
             epoch: self.epoch,
+            later_migration,
         })
+    }
+
+    /// Whether this shard settled, or keeps the export of, a migration
+    /// after `migration_id` (so that one has ended: one runs at a time).
+    fn later_than(&self, migration_id: u64) -> bool {
+        self.last_imported_migration > migration_id
+            || (self.exports.last_key_value()).is_some_and(|(id, _)| *id > migration_id)
+    }
+
+    /// `DropExport`: forgets the export and settles the migration here (a
+    /// stale orchestrator's export or import of it is refused from now on).
+    pub(crate) fn drop_export(&mut self, migration_id: u64) -> Reply {
+        self.last_imported_migration = self.last_imported_migration.max(migration_id);
+        Reply::ExportDropped {
+            existed: self.exports.remove(&migration_id).is_some(),
+        }
     }
 
     /// Inserts a record with its index entries; false if the name exists.

@@ -204,7 +204,8 @@ pub enum Command {
         clock_offset_allowance_ms: u64,
     },
     /// Resharding, step 3 on the source shard: the target has the state;
-    /// forget the export.
+    /// forget the export. The migration is then settled here: no export or
+    /// import of it (or of an older one) applies any more.
     DropExport { migration_id: u64 },
     /// Resharding, resolving a step whose outcome is unknown or refused:
     /// from this entry on, no `ExportSlots` or `ImportSlots` of
@@ -333,6 +334,10 @@ pub enum Reply {
         owns_slots: bool,
         /// The shard's epoch.
         epoch: u64,
+        /// The shard had already settled, or still keeps the export of, a
+        /// later migration: this one has ended (only one runs at a time),
+        /// whatever a stale map says.
+        later_migration: bool,
     },
 }
 

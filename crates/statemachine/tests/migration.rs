@@ -374,6 +374,39 @@ fn close_freezes_what_a_shard_did_for_a_migration() {
     assert!(matches!(err, LockError::MigrationRefused { .. }), "{err:?}");
 }
 
+/// Once a shard finished a migration (the import applied, or the export
+/// was dropped), a stale orchestrator's steps of it are refused, and a
+/// close of an older migration says that a later one happened here.
+#[test]
+fn a_finished_migration_refuses_stale_steps_and_close_reports_later_ones() {
+    let (mut src, mut dst) = pair();
+    let r = name("acme/jobs/stale");
+    let slot = only(slot_of(&r));
+    src.acquire(&r, "h", 1, 0).unwrap();
+    let data = src.export(5, slot).unwrap();
+    dst.import(5, 6, slot, data.clone()).unwrap();
+    src.apply(Command::DropExport { migration_id: 5 }).unwrap();
+    // The slots come back to the source in a later migration.
+    let back = dst.export(6, slot).unwrap();
+    src.import(6, 7, slot, back).unwrap();
+    // A stale export of migration 5 would take them away again: refused.
+    let err = src.export(5, slot).unwrap_err();
+    assert!(matches!(err, LockError::MigrationRefused { .. }), "{err:?}");
+    assert!(src.table.owns(&r));
+    let later = |shard: &mut Shard, id: u64| match shard.apply(Command::CloseMigration {
+        migration_id: id,
+        slots: slot,
+    }) {
+        Ok(Reply::MigrationClosed {
+            later_migration, ..
+        }) => later_migration,
+        other => panic!("unexpected {other:?}"),
+    };
+    assert!(later(&mut src, 5), "the source imported migration 6");
+    assert!(later(&mut dst, 5), "the target keeps migration 6's export");
+    assert!(!later(&mut src, 6));
+}
+
 /// The close travels in the log like every command.
 #[test]
 fn close_migration_round_trips_through_the_codec() {
