@@ -60,18 +60,27 @@ fn command(input: &mut Input) -> PlacementCommand {
                     step => (start + i as u32 * u32::from(step % 4)) % SLOT_COUNT,
                 })
                 .collect();
-            PlacementCommand::BeginMigration {
-                from_shard,
-                to_shard,
-                slots,
+            if input.u8().is_multiple_of(4) {
+                PlacementCommand::BeginSplit { from_shard, slots }
+            } else {
+                PlacementCommand::BeginMigration {
+                    from_shard,
+                    to_shard,
+                    slots,
+                }
             }
         }
         7 => PlacementCommand::CommitMigration {
             migration_id: small_id(input),
         },
-        8 => PlacementCommand::AbortMigration {
-            migration_id: small_id(input),
-        },
+        8 => {
+            let migration_id = small_id(input);
+            if input.u8().is_multiple_of(2) {
+                PlacementCommand::AbortMigration { migration_id }
+            } else {
+                PlacementCommand::RollBackMigration { migration_id }
+            }
+        }
         _ => PlacementCommand::AdvanceEpoch {
             shard_id: small_id(input),
         },

@@ -186,6 +186,8 @@ const TAG_BEGIN_MIGRATION: u8 = 6;
 const TAG_COMMIT_MIGRATION: u8 = 7;
 const TAG_ABORT_MIGRATION: u8 = 8;
 const TAG_ADVANCE_EPOCH: u8 = 9;
+const TAG_ROLL_BACK_MIGRATION: u8 = 10;
+const TAG_BEGIN_SPLIT: u8 = 11;
 
 impl PlacementCommand {
     /// The meta shard log payload of this command.
@@ -238,6 +240,15 @@ impl PlacementCommand {
                 w.u8(TAG_ADVANCE_EPOCH);
                 w.u64(*shard_id);
             }
+            PlacementCommand::RollBackMigration { migration_id } => {
+                w.u8(TAG_ROLL_BACK_MIGRATION);
+                w.u64(*migration_id);
+            }
+            PlacementCommand::BeginSplit { from_shard, slots } => {
+                w.u8(TAG_BEGIN_SPLIT);
+                w.u64(*from_shard);
+                w.slots(slots);
+            }
         }
         w.0
     }
@@ -280,6 +291,13 @@ impl PlacementCommand {
                 migration_id: r.u64()?,
             },
             TAG_ADVANCE_EPOCH => PlacementCommand::AdvanceEpoch { shard_id: r.u64()? },
+            TAG_ROLL_BACK_MIGRATION => PlacementCommand::RollBackMigration {
+                migration_id: r.u64()?,
+            },
+            TAG_BEGIN_SPLIT => PlacementCommand::BeginSplit {
+                from_shard: r.u64()?,
+                slots: r.slots()?,
+            },
             tag => {
                 return Err(DecodeError::BadTag {
                     what: "command",
@@ -325,7 +343,10 @@ impl PlacementMap {
         match &self.migration {
             None => w.u8(0),
             Some(m) => {
-                w.u8(1);
+                // 1: a migration between existing shards, 2: a split's (the
+                // target was created for it). Snapshots written before splits
+                // were recorded only hold 0 and 1.
+                w.u8(if m.new_shard { 2 } else { 1 });
                 w.u64(m.id);
                 w.u64(m.from_shard);
                 w.u64(m.to_shard);
@@ -399,12 +420,13 @@ impl PlacementMap {
 
         let migration = match r.u8()? {
             0 => None,
-            1 => Some(Migration {
+            flag @ (1 | 2) => Some(Migration {
                 id: r.u64()?,
                 from_shard: r.u64()?,
                 to_shard: r.u64()?,
                 epoch: r.u64()?,
                 slots: r.slots()?,
+                new_shard: flag == 2,
             }),
             tag => {
                 return Err(DecodeError::BadTag {

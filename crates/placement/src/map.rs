@@ -138,6 +138,12 @@ impl PlacementMap {
                 self.end_migration(*migration_id, false)
             }
             PlacementCommand::AdvanceEpoch { shard_id } => self.advance_epoch(*shard_id),
+            PlacementCommand::RollBackMigration { migration_id } => {
+                self.roll_back_migration(*migration_id)
+            }
+            PlacementCommand::BeginSplit { from_shard, slots } => {
+                self.begin_split(*from_shard, slots)
+            }
         }?;
         self.version = next_version;
         // Cheap enough (a few thousand entries at most) to run on every apply
@@ -238,15 +244,66 @@ impl PlacementMap {
         to_shard: u64,
         slots: &[u32],
     ) -> Result<PlacementReply, PlacementError> {
+        self.check_begin(from_shard, Some(to_shard), slots)?;
+        let (migration_id, epoch) = self.open_migration(from_shard, to_shard, slots, false)?;
+        Ok(PlacementReply::MigrationBegun {
+            migration_id,
+            epoch,
+        })
+    }
+
+    /// `CreateShard` on the source's replicas plus `BeginMigration` to it,
+    /// validated as a whole before either changes anything.
+    fn begin_split(
+        &mut self,
+        from_shard: u64,
+        slots: &[u32],
+    ) -> Result<PlacementReply, PlacementError> {
+        let replicas = self.data_shard(from_shard)?.replicas.clone();
+        self.check_replica_set(&replicas, |state| state == NodeState::Up)?;
+        if self.shards.len() >= MAX_SHARDS {
+            return Err(PlacementError::TooManyShards { limit: MAX_SHARDS });
+        }
+        // The new shard takes the next epoch and the migration the one
+        // after: both must exist before anything changes.
+        let shard_epoch = self.peek_epoch()?;
+        if shard_epoch >= MAX_EPOCH {
+            return Err(PlacementError::EpochsExhausted {
+                max_epoch: MAX_EPOCH,
+            });
+        }
+        // The target is the shard about to be created: a new data shard.
+        self.check_begin(from_shard, None, slots)?;
+        let PlacementReply::ShardCreated { shard_id, .. } = self.create_shard(&replicas)? else {
+            unreachable!("create_shard answers ShardCreated");
+        };
+        let (migration_id, epoch) = self.open_migration(from_shard, shard_id, slots, true)?;
+        Ok(PlacementReply::SplitBegun {
+            shard_id,
+            migration_id,
+            epoch,
+        })
+    }
+
+    /// Everything `BeginMigration` checks, changing nothing (`to_shard`
+    /// `None`: a shard the split is about to create).
+    fn check_begin(
+        &self,
+        from_shard: u64,
+        to_shard: Option<u64>,
+        slots: &[u32],
+    ) -> Result<(), PlacementError> {
         if let Some(m) = &self.migration {
             return Err(PlacementError::MigrationInProgress { migration_id: m.id });
         }
         self.data_shard(from_shard)?;
-        self.data_shard(to_shard)?;
-        if from_shard == to_shard {
-            return Err(PlacementError::SameShard {
-                shard_id: from_shard,
-            });
+        if let Some(to_shard) = to_shard {
+            self.data_shard(to_shard)?;
+            if from_shard == to_shard {
+                return Err(PlacementError::SameShard {
+                    shard_id: from_shard,
+                });
+            }
         }
         if slots.is_empty() || slots.len() > MAX_SLOTS_PER_MIGRATION {
             return Err(PlacementError::InvalidSlotCount {
@@ -268,6 +325,23 @@ impl PlacementMap {
                 return Err(PlacementError::SlotNotOwned { slot, owner });
             }
         }
+        self.peek_epoch()?;
+        if self.next_migration_id.checked_add(1).is_none() {
+            return Err(PlacementError::CounterExhausted {
+                counter: "migration id",
+            });
+        }
+        Ok(())
+    }
+
+    /// Records the migration (after `check_begin`); its id and epoch.
+    fn open_migration(
+        &mut self,
+        from_shard: u64,
+        to_shard: u64,
+        slots: &[u32],
+        new_shard: bool,
+    ) -> Result<(u64, u64), PlacementError> {
         let epoch = self.peek_epoch()?;
         let id = self.next_migration_id;
         let next_id = id.checked_add(1).ok_or(PlacementError::CounterExhausted {
@@ -279,12 +353,31 @@ impl PlacementMap {
             to_shard,
             slots: slots.to_vec(),
             epoch,
+            new_shard,
         });
         self.next_migration_id = next_id;
         self.next_epoch = epoch + 1;
-        Ok(PlacementReply::MigrationBegun {
-            migration_id: id,
-            epoch,
+        Ok((id, epoch))
+    }
+
+    fn roll_back_migration(&mut self, migration_id: u64) -> Result<PlacementReply, PlacementError> {
+        let current = self.migration.as_ref().map(|m| m.id);
+        let Some(m) = self.migration.take_if(|m| m.id == migration_id) else {
+            return Err(PlacementError::NoSuchMigration {
+                migration_id,
+                current,
+            });
+        };
+        if let Some(source) = self.shards.get_mut(&m.from_shard) {
+            // The migration's epoch was handed out after the source's and
+            // the target never took it (it was closed without importing).
+            debug_assert!(m.epoch > source.epoch);
+            source.epoch = m.epoch;
+        }
+        Ok(PlacementReply::MigrationRolledBack {
+            migration_id,
+            from_shard: m.from_shard,
+            epoch: m.epoch,
         })
     }
 
@@ -442,6 +535,12 @@ impl PlacementMap {
     /// The id the next `CreateShard` will use.
     pub fn next_shard_id(&self) -> u64 {
         self.next_shard_id
+    }
+
+    /// The id the next migration will get: every migration with a lower id
+    /// has begun (and, unless it is the one in progress, ended).
+    pub fn next_migration_id(&self) -> u64 {
+        self.next_migration_id
     }
 
     /// The data shard that owns `slot`.

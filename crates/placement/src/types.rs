@@ -50,8 +50,13 @@ pub struct Migration {
     /// Sorted, unique, all owned by `from_shard`.
     pub slots: Vec<u32>,
     /// The target's epoch once the migration commits: allocated at begin,
-    /// above every epoch handed out before.
+    /// above every epoch handed out before. If the migration is rolled back
+    /// instead, the source takes the slots back at this epoch.
     pub epoch: u64,
+    /// The target was created for this migration (a split, `BeginSplit`):
+    /// its replicas start from the same bootstrap snapshot, and finishing
+    /// the migration includes starting any that are missing.
+    pub new_shard: bool,
 }
 
 /// A change to the placement map, proposed through the meta shard's log.
@@ -80,8 +85,19 @@ pub enum PlacementCommand {
     },
     /// The target imported the slots: they now route to it, at its new epoch.
     CommitMigration { migration_id: u64 },
-    /// Gives up a migration; its epoch is never handed out again.
+    /// Gives up a migration nothing left the source for; its epoch is never
+    /// handed out again.
     AbortMigration { migration_id: u64 },
+    /// Ends a migration whose source took its exported slots back (after
+    /// the target was closed without importing them) at the migration's
+    /// epoch: the slots stay with the source, whose epoch becomes it.
+    RollBackMigration { migration_id: u64 },
+    /// A split, as one decision: creates an empty data shard on the
+    /// source's replicas (next shard id, a fresh epoch) and begins moving
+    /// `slots` to it (`BeginMigration` with a second fresh epoch). Nothing
+    /// is left half-made if the orchestrator dies: the open migration names
+    /// the new shard.
+    BeginSplit { from_shard: u64, slots: Vec<u32> },
     /// Gives a data shard a fresh epoch, e.g. when its token positions run
     /// out (`TokenSpaceExhausted`).
     AdvanceEpoch { shard_id: u64 },
@@ -113,6 +129,16 @@ pub enum PlacementReply {
     MigrationAborted {
         migration_id: u64,
     },
+    MigrationRolledBack {
+        migration_id: u64,
+        from_shard: u64,
+        epoch: u64,
+    },
+    SplitBegun {
+        shard_id: u64,
+        migration_id: u64,
+        epoch: u64,
+    },
     EpochAdvanced {
         shard_id: u64,
         epoch: u64,
@@ -125,6 +151,7 @@ impl PlacementReply {
         match *self {
             PlacementReply::ShardCreated { epoch, .. }
             | PlacementReply::MigrationBegun { epoch, .. }
+            | PlacementReply::SplitBegun { epoch, .. }
             | PlacementReply::EpochAdvanced { epoch, .. } => Some(epoch),
             _ => None,
         }

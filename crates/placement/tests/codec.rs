@@ -87,6 +87,11 @@ fn every_command() -> Vec<PlacementCommand> {
         CommitMigration { migration_id: 4 },
         AbortMigration { migration_id: 4 },
         AdvanceEpoch { shard_id: 2 },
+        RollBackMigration { migration_id: 4 },
+        BeginSplit {
+            from_shard: 1,
+            slots: vec![9, 3],
+        },
     ]
 }
 
@@ -231,6 +236,9 @@ fn arbitrary_command() -> impl Strategy<Value = PlacementCommand> {
         any::<u64>().prop_map(|migration_id| CommitMigration { migration_id }),
         any::<u64>().prop_map(|migration_id| AbortMigration { migration_id }),
         any::<u64>().prop_map(|shard_id| AdvanceEpoch { shard_id }),
+        any::<u64>().prop_map(|migration_id| RollBackMigration { migration_id }),
+        (any::<u64>(), proptest::collection::vec(any::<u32>(), 0..40))
+            .prop_map(|(from_shard, slots)| BeginSplit { from_shard, slots }),
     ]
 }
 

@@ -271,6 +271,110 @@ fn aborted_migration_keeps_the_slots_and_never_reuses_its_epoch() {
     );
 }
 
+/// A roll-back: the source took its export back at the migration's epoch,
+/// so the slots stay and the source's epoch becomes the migration's (which
+/// nobody else ever holds).
+#[test]
+fn rolled_back_migration_keeps_the_slots_at_the_migration_epoch() {
+    let mut map = PlacementMap::bootstrap(&nodes(3), 2, 3).unwrap();
+    ok(
+        &mut map,
+        PlacementCommand::BeginMigration {
+            from_shard: 1,
+            to_shard: 2,
+            slots: vec![0],
+        },
+    );
+    let rolled = ok(
+        &mut map,
+        PlacementCommand::RollBackMigration { migration_id: 1 },
+    );
+    assert_eq!(
+        rolled,
+        PlacementReply::MigrationRolledBack {
+            migration_id: 1,
+            from_shard: 1,
+            epoch: 3
+        }
+    );
+    assert!(map.migration().is_none());
+    assert_eq!(map.shard_of_slot(0), 1);
+    assert_eq!(map.shard(1).unwrap().epoch, 3);
+    assert_eq!(map.shard(2).unwrap().epoch, 2);
+    assert_eq!(
+        refused(
+            &mut map,
+            PlacementCommand::RollBackMigration { migration_id: 1 }
+        ),
+        PlacementError::NoSuchMigration {
+            migration_id: 1,
+            current: None
+        }
+    );
+}
+
+/// A split is one decision: the new shard exists only together with the
+/// open migration to it, which names it as new.
+#[test]
+fn a_split_creates_its_shard_and_opens_the_migration_in_one_command() {
+    let mut map = PlacementMap::bootstrap(&nodes(3), 2, 3).unwrap();
+    let begun = ok(
+        &mut map,
+        PlacementCommand::BeginSplit {
+            from_shard: 1,
+            slots: vec![10, 11],
+        },
+    );
+    assert_eq!(
+        begun,
+        PlacementReply::SplitBegun {
+            shard_id: 3,
+            migration_id: 1,
+            epoch: 4
+        }
+    );
+    let shard = map.shard(3).unwrap();
+    assert_eq!(shard.epoch, 3);
+    assert_eq!(shard.replicas, map.shard(1).unwrap().replicas);
+    let m = map.migration().unwrap();
+    assert!(m.new_shard);
+    assert_eq!((m.from_shard, m.to_shard, m.epoch), (1, 3, 4));
+    // Refused as a whole: nothing is created while a migration is open.
+    let before = map.clone();
+    assert_eq!(
+        refused(
+            &mut map,
+            PlacementCommand::BeginSplit {
+                from_shard: 2,
+                slots: vec![600],
+            }
+        ),
+        PlacementError::MigrationInProgress { migration_id: 1 }
+    );
+    assert_eq!(map, before);
+    ok(
+        &mut map,
+        PlacementCommand::CommitMigration { migration_id: 1 },
+    );
+    assert_eq!(map.slots_of(3), vec![10, 11]);
+    assert_eq!(map.shard(3).unwrap().epoch, 4);
+    // Slots the source does not own refuse the whole split.
+    let before = map.clone();
+    assert!(matches!(
+        refused(
+            &mut map,
+            PlacementCommand::BeginSplit {
+                from_shard: 1,
+                slots: vec![10],
+            }
+        ),
+        PlacementError::SlotNotOwned { slot: 10, owner: 3 }
+    ));
+    assert_eq!(map, before);
+    let bytes = map.snapshot();
+    assert_eq!(PlacementMap::restore(&bytes).unwrap(), map);
+}
+
 #[test]
 fn one_migration_at_a_time_and_its_shards_keep_their_epochs() {
     let mut map = PlacementMap::bootstrap(&nodes(3), 3, 3).unwrap();

@@ -125,8 +125,14 @@ enum Op {
         node: u64,
         to: u64,
     },
+    /// Split a data shard (picked by index) at some of its own slots.
+    SplitOwned {
+        from: u8,
+        picks: Vec<u16>,
+    },
     CommitCurrent,
     AbortCurrent,
+    RollBackCurrent,
 }
 
 fn state() -> impl Strategy<Value = NodeState> {
@@ -155,8 +161,11 @@ fn op() -> impl Strategy<Value = Op> {
             .prop_map(|(from_shard, to_shard, slots)| Op::Raw(BeginMigration { from_shard, to_shard, slots })),
         3 => (any::<u8>(), any::<u8>(), proptest::collection::vec(any::<u16>(), 1..6), proptest::bool::weighted(0.2))
             .prop_map(|(from, to, picks, spoil)| Op::MigrateOwned { from, to, picks, spoil }),
+        1 => (any::<u8>(), proptest::collection::vec(any::<u16>(), 1..6))
+            .prop_map(|(from, picks)| Op::SplitOwned { from, picks }),
         3 => Just(Op::CommitCurrent),
         1 => Just(Op::AbortCurrent),
+        1 => Just(Op::RollBackCurrent),
         3 => (1u64..=7, 0u64..=7).prop_map(|(node, to)| Op::Decommission { node, to }),
     ]
 }
@@ -226,6 +235,32 @@ fn resolve(map: &PlacementMap, op: &Op) -> PlacementCommand {
         Op::AbortCurrent => PlacementCommand::AbortMigration {
             migration_id: map.migration().map_or(1, |m| m.id),
         },
+        Op::RollBackCurrent => PlacementCommand::RollBackMigration {
+            migration_id: map.migration().map_or(1, |m| m.id),
+        },
+        Op::SplitOwned { from, picks } => {
+            let data: Vec<u64> = map
+                .shards()
+                .map(|s| s.shard_id)
+                .filter(|&s| s != META_SHARD_ID)
+                .collect();
+            let from = data[*from as usize % data.len()];
+            let owned = map.slots_of(from);
+            let mut slots: Vec<u32> = if owned.is_empty() {
+                vec![0]
+            } else {
+                picks
+                    .iter()
+                    .map(|&p| owned[p as usize % owned.len()])
+                    .collect()
+            };
+            slots.sort_unstable();
+            slots.dedup();
+            PlacementCommand::BeginSplit {
+                from_shard: from,
+                slots,
+            }
+        }
     }
 }
 

@@ -7,7 +7,7 @@
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
 
-use fencelock_placement::{PlacementCommand, PlacementReply};
+use fencelock_placement::{PlacementCommand, PlacementMap, PlacementReply};
 use fencelock_statemachine::{Command, Reply};
 use tokio::sync::oneshot;
 use tonic::{Request, Response, Status};
@@ -99,6 +99,107 @@ pub fn replica_status(s: &ShardStatus) -> ReplicaStatus {
     }
 }
 
+/// The wire answer to a placement command: the map after it applied, and
+/// the ids and epoch the reply names.
+pub fn meta_response(reply: &PlacementReply, map: &PlacementMap) -> ProposeMetaResponse {
+    let mut out = ProposeMetaResponse {
+        map: map.snapshot(),
+        ..Default::default()
+    };
+    match *reply {
+        PlacementReply::ShardCreated { shard_id, epoch }
+        | PlacementReply::EpochAdvanced { shard_id, epoch } => {
+            out.shard_id = shard_id;
+            out.epoch = epoch;
+        }
+        PlacementReply::MigrationBegun {
+            migration_id,
+            epoch,
+        } => {
+            out.migration_id = migration_id;
+            out.epoch = epoch;
+        }
+        PlacementReply::MigrationCommitted {
+            migration_id,
+            to_shard: shard_id,
+            epoch,
+        }
+        | PlacementReply::MigrationRolledBack {
+            migration_id,
+            from_shard: shard_id,
+            epoch,
+        }
+        | PlacementReply::SplitBegun {
+            shard_id,
+            migration_id,
+            epoch,
+        } => {
+            out.migration_id = migration_id;
+            out.shard_id = shard_id;
+            out.epoch = epoch;
+        }
+        PlacementReply::MigrationAborted { migration_id } => out.migration_id = migration_id,
+        PlacementReply::NodeAdded | PlacementReply::NodeRemoved | PlacementReply::Updated => {}
+    }
+    out
+}
+
+/// The wire answer to a resharding command.
+pub fn shard_response(reply: Reply) -> ProposeShardResponse {
+    match reply {
+        Reply::Exported { data, resources } => ProposeShardResponse {
+            data,
+            resources,
+            ..Default::default()
+        },
+        Reply::Imported { resources } => ProposeShardResponse {
+            resources,
+            ..Default::default()
+        },
+        Reply::MigrationClosed {
+            pending_export,
+            owns_slots,
+            epoch,
+            later_migration,
+        } => ProposeShardResponse {
+            has_pending_export: pending_export.is_some(),
+            pending_export_slots: pending_export
+                .map(|s| s.iter().collect())
+                .unwrap_or_default(),
+            owns_slots,
+            epoch,
+            later_migration,
+            ..Default::default()
+        },
+        _ => ProposeShardResponse::default(),
+    }
+}
+
+/// The state machine's reply to `command` as carried by `response` (the
+/// inverse of [`shard_response`]).
+pub fn shard_reply(command: &Command, response: ProposeShardResponse) -> Reply {
+    match command {
+        Command::ExportSlots { .. } => Reply::Exported {
+            data: response.data,
+            resources: response.resources,
+        },
+        Command::ImportSlots { .. } => Reply::Imported {
+            resources: response.resources,
+        },
+        Command::CloseMigration { .. } => Reply::MigrationClosed {
+            pending_export: response.has_pending_export.then(|| {
+                (response.pending_export_slots.iter().copied())
+                    .filter(|s| *s < fencelock_statemachine::SLOT_COUNT)
+                    .collect()
+            }),
+            owns_slots: response.owns_slots,
+            epoch: response.epoch,
+            later_migration: response.later_migration,
+        },
+        _ => Reply::ExportDropped { existed: true },
+    }
+}
+
 #[tonic::async_trait]
 impl NodeControl for NodeControlImpl {
     async fn status(&self, _: Request<StatusRequest>) -> Result<Response<NodeStatus>, Status> {
@@ -135,38 +236,7 @@ impl NodeControl for NodeControlImpl {
             .try_send(StoreMsg::ProposeMeta { command, tx })
             .map_err(|_| ServerError::ServerBusy)?;
         let (reply, map) = rx.await.map_err(|_| ServerError::ShuttingDown)??;
-        let mut out = ProposeMetaResponse {
-            map: map.snapshot(),
-            ..Default::default()
-        };
-        match reply {
-            PlacementReply::ShardCreated { shard_id, epoch } => {
-                out.shard_id = shard_id;
-                out.epoch = epoch;
-            }
-            PlacementReply::MigrationBegun {
-                migration_id,
-                epoch,
-            } => {
-                out.migration_id = migration_id;
-                out.epoch = epoch;
-            }
-            PlacementReply::MigrationCommitted {
-                migration_id,
-                to_shard,
-                epoch,
-            } => {
-                out.migration_id = migration_id;
-                out.shard_id = to_shard;
-                out.epoch = epoch;
-            }
-            PlacementReply::EpochAdvanced { shard_id, epoch } => {
-                out.shard_id = shard_id;
-                out.epoch = epoch;
-            }
-            _ => {}
-        }
-        Ok(Response::new(out))
+        Ok(Response::new(meta_response(&reply, &map)))
     }
 
     async fn propose_shard(
@@ -177,7 +247,10 @@ impl NodeControl for NodeControlImpl {
         let command = Command::decode(&req.command).map_err(|e| bad("command", e.to_string()))?;
         if !matches!(
             command,
-            Command::ExportSlots { .. } | Command::ImportSlots { .. } | Command::DropExport { .. }
+            Command::ExportSlots { .. }
+                | Command::ImportSlots { .. }
+                | Command::DropExport { .. }
+                | Command::CloseMigration { .. }
         ) {
             return Err(bad("command", "only resharding commands are accepted here").into());
         }
@@ -189,15 +262,7 @@ impl NodeControl for NodeControlImpl {
                 caller: None,
             })
             .await?;
-        let out = match reply {
-            Reply::Exported { data, resources } => ProposeShardResponse { data, resources },
-            Reply::Imported { resources } => ProposeShardResponse {
-                data: Vec::new(),
-                resources,
-            },
-            _ => ProposeShardResponse::default(),
-        };
-        Ok(Response::new(out))
+        Ok(Response::new(shard_response(reply)))
     }
 
     async fn change_membership(

@@ -14,6 +14,9 @@
 //! * [`ops`] — operator actions: replica moves, leader transfers, balancing,
 //!   draining, resharding, driven over [`control`] calls.
 //! * [`control`] — the internal `NodeControl` service: node-local steps.
+//! * [`reshard`] — slot migration as a protocol decided from the replicated
+//!   state alone (every step idempotent, unknown outcomes settled by closing
+//!   the migration on the shard and reading what it did).
 //! * [`node`] — wiring: open storage, start the store, transport and gRPC
 //!   server; shut them down.
 //! * [`router`] — this node's view of the placement map and shard leaders.
@@ -43,6 +46,7 @@ pub mod netfilter;
 pub mod node;
 pub mod ops;
 pub mod peers;
+pub mod reshard;
 pub mod router;
 pub mod security;
 pub mod service;

@@ -22,7 +22,7 @@ use fencelock_placement::{
     plan_balance, plan_drain, Action, ClusterView, Migration, NodeState, PlacementCommand,
     PlacementMap, META_SHARD_ID,
 };
-use fencelock_statemachine::{Command, SlotSet};
+use fencelock_statemachine::{Command, Reply};
 use tonic::transport::Channel;
 use tonic::Status;
 
@@ -34,6 +34,7 @@ use crate::internal::{
     ReplicaStatus, StatusRequest, TransferLeaderRequest,
 };
 use crate::peers::PeerChannels;
+use crate::reshard;
 use crate::router::Router;
 
 /// How long one step (finding a leader, a proposal, a catch-up, a leader
@@ -53,20 +54,16 @@ pub struct Moved {
     pub leaders: u32,
 }
 
-/// The result of a finished migration.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Resharded {
-    pub migration_id: u64,
-    pub epoch: u64,
-    pub resources: u32,
-    pub new_shard_id: u64,
-}
+pub use crate::reshard::Resharded;
 
 #[derive(Clone)]
 pub struct Ops {
     router: Arc<Router>,
     peers: Arc<PeerChannels>,
     clock_offset_allowance_ms: u64,
+    /// Migrations driven from this node run one at a time (an admin call
+    /// and the meta leader's own resume). Safety never depends on it.
+    reshard_turn: Arc<tokio::sync::Mutex<()>>,
 }
 
 fn timeout_err(what: impl std::fmt::Display) -> Status {
@@ -104,6 +101,7 @@ impl Ops {
             router,
             peers,
             clock_offset_allowance_ms,
+            reshard_turn: Arc::default(),
         }
     }
 
@@ -245,23 +243,6 @@ impl Ops {
             self.router.offer_map(map);
         }
         Ok(resp)
-    }
-
-    async fn propose_shard(
-        &self,
-        shard_id: u64,
-        command: Command,
-    ) -> Result<crate::internal::ProposeShardResponse, Status> {
-        let bytes = command.encode();
-        self.at_leader(shard_id, |mut c| {
-            let command = bytes.clone();
-            async move {
-                c.propose_shard(ProposeShardRequest { shard_id, command })
-                    .await
-                    .map(|r| r.into_inner())
-            }
-        })
-        .await
     }
 
     /// Applies one membership change at the shard's leader and waits until
@@ -532,152 +513,63 @@ impl Ops {
     }
 
     /// Moves `slots` from shard `from` to shard `to` (after finishing any
-    /// migration left in progress).
+    /// migration left in progress). See [`crate::reshard`].
     pub async fn move_slots(
         &self,
         from: u64,
         to: u64,
         slots: Vec<u32>,
     ) -> Result<Resharded, Status> {
-        let map = self.fresh_map().await?;
-        if let Some(m) = map.migration().cloned() {
-            let done = self.run_migration(&m).await?;
-            if m.from_shard == from && m.to_shard == to && m.slots == slots {
-                return Ok(done);
-            }
-        }
-        let begun = self
-            .propose_meta(PlacementCommand::BeginMigration {
-                from_shard: from,
-                to_shard: to,
-                slots: slots.clone(),
+        let _turn = self.reshard_turn.lock().await;
+        if let Some(done) = self
+            .finish_open(|m| {
+                !m.new_shard && m.from_shard == from && m.to_shard == to && m.slots == slots
             })
-            .await?;
-        let migration = Migration {
-            id: begun.migration_id,
-            from_shard: from,
-            to_shard: to,
-            slots,
-            epoch: begun.epoch,
-        };
-        self.run_migration(&migration).await
+            .await?
+        {
+            return Ok(done);
+        }
+        reshard::move_slots(self, from, to, slots).await
     }
 
-    /// Finishes the migration in progress, if any.
+    /// Finishes the migration the map has open, if any, and drops or gives
+    /// back what earlier ones left (see [`reshard::resume`]).
     pub async fn resume(&self) -> Result<Option<Resharded>, Status> {
-        let map = self.fresh_map().await?;
-        match map.migration().cloned() {
-            Some(m) => Ok(Some(self.run_migration(&m).await?)),
-            None => Ok(None),
-        }
+        let _turn = self.reshard_turn.lock().await;
+        reshard::resume(self).await
     }
 
-    /// Export from the source, import into the target (new epoch), commit
-    /// in the map, drop the source's export. Every step is idempotent.
-    async fn run_migration(&self, m: &Migration) -> Result<Resharded, Status> {
-        let slots: SlotSet = m.slots.iter().copied().collect();
-        let exported = self
-            .propose_shard(
-                m.from_shard,
-                Command::ExportSlots {
-                    migration_id: m.id,
-                    slots,
-                },
-            )
-            .await;
-        let exported = match exported {
-            Ok(e) => e,
-            Err(e) if !retriable(&e) => {
-                // Nothing left the source (a refused export changes
-                // nothing): forget the migration.
-                let _ = self
-                    .propose_meta(PlacementCommand::AbortMigration { migration_id: m.id })
-                    .await;
-                return Err(e);
-            }
-            Err(e) => return Err(e),
-        };
-        let imported = self
-            .propose_shard(
-                m.to_shard,
-                Command::ImportSlots {
-                    migration_id: m.id,
-                    epoch: m.epoch,
-                    slots,
-                    data: exported.data.clone(),
-                    clock_offset_allowance_ms: self.clock_offset_allowance_ms,
-                },
-            )
-            .await;
-        if let Err(e) = imported {
-            if retriable(&e) {
-                return Err(e);
-            }
-            // The target refused for good (full, say): give the slots back
-            // to the source, in a fresh epoch of its own.
-            return Err(self.roll_back(m, slots, exported.data, e).await);
-        }
-        self.propose_meta(PlacementCommand::CommitMigration { migration_id: m.id })
-            .await?;
-        self.propose_shard(m.from_shard, Command::DropExport { migration_id: m.id })
-            .await?;
-        Ok(Resharded {
-            migration_id: m.id,
-            epoch: m.epoch,
-            resources: exported.resources,
-            new_shard_id: 0,
-        })
-    }
-
-    async fn roll_back(
+    /// Finishes the open migration, if any; its result if `same` says it is
+    /// the one the caller was about to begin.
+    async fn finish_open(
         &self,
-        m: &Migration,
-        slots: SlotSet,
-        data: Vec<u8>,
-        cause: Status,
-    ) -> Status {
-        let result = async {
-            self.propose_meta(PlacementCommand::AbortMigration { migration_id: m.id })
-                .await?;
-            let advanced = self
-                .propose_meta(PlacementCommand::AdvanceEpoch {
-                    shard_id: m.from_shard,
-                })
-                .await?;
-            self.propose_shard(
-                m.from_shard,
-                Command::ImportSlots {
-                    migration_id: m.id,
-                    epoch: advanced.epoch,
-                    slots,
-                    data,
-                    clock_offset_allowance_ms: self.clock_offset_allowance_ms,
-                },
-            )
-            .await?;
-            self.propose_shard(m.from_shard, Command::DropExport { migration_id: m.id })
-                .await
+        same: impl Fn(&Migration) -> bool,
+    ) -> Result<Option<Resharded>, Status> {
+        let map = self.fresh_map().await?;
+        let Some(m) = map.migration().cloned() else {
+            return Ok(None);
+        };
+        let done = reshard::finish(self, &m).await;
+        if same(&m) {
+            return done.map(Some);
         }
-        .await;
-        match result {
-            Ok(_) => cause,
-            Err(e) => Status::internal(format!(
-                "import failed ({cause}) and giving the slots back failed too ({e}); \
-                 run `fencelock admin reshard resume` once the cause is fixed"
-            )),
-        }
+        done?;
+        Ok(None)
     }
 
     /// Splits `shard_id`: a new shard on the same nodes takes its slots from
-    /// `at_slot` on (0: the upper half).
+    /// `at_slot` on (0: the upper half). The new shard and the migration to
+    /// it are one placement decision, so a split interrupted anywhere is an
+    /// open migration that `resume` (or re-running the split) finishes.
     pub async fn split(&self, shard_id: u64, at_slot: u32) -> Result<Resharded, Status> {
+        let _turn = self.reshard_turn.lock().await;
         let map = self.fresh_map().await?;
-        let Some(shard) = map.shard(shard_id).cloned() else {
+        if map.shard(shard_id).is_none() {
             return Err(ServerError::Placement(
                 fencelock_placement::PlacementError::UnknownShard { shard_id },
             )
             .into());
-        };
+        }
         let owned = map.slots_of(shard_id);
         let at = if at_slot == 0 {
             owned.get(owned.len() / 2).copied().unwrap_or(0)
@@ -685,6 +577,14 @@ impl Ops {
             at_slot
         };
         let upper: Vec<u32> = owned.iter().copied().filter(|&s| s >= at).collect();
+        // A split of this shard left open (its new shard already made) is
+        // finished rather than begun again.
+        if let Some(done) = self
+            .finish_open(|m| m.new_shard && m.from_shard == shard_id && m.slots == upper)
+            .await?
+        {
+            return Ok(done);
+        }
         if upper.is_empty() || upper.len() == owned.len() {
             return Err(ServerError::InvalidArgument {
                 field: "split_at_slot",
@@ -695,25 +595,7 @@ impl Ops {
             }
             .into());
         }
-        let created = self
-            .propose_meta(PlacementCommand::CreateShard {
-                replicas: shard.replicas.clone(),
-            })
-            .await?;
-        let new_shard = created.shard_id;
-        for node_id in &shard.replicas {
-            let mut c = self.control(*node_id)?;
-            c.create_peer(CreatePeerRequest {
-                shard_id: new_shard,
-                new_shard_voters: shard.replicas.iter().copied().collect(),
-                epoch: created.epoch,
-            })
-            .await?;
-        }
-        self.leader(new_shard).await?;
-        let mut done = self.move_slots(shard_id, new_shard, upper).await?;
-        done.new_shard_id = new_shard;
-        Ok(done)
+        reshard::split(self, shard_id, upper).await
     }
 
     /// Records a new, running, empty node in the map.
@@ -722,6 +604,109 @@ impl Ops {
             .propose_meta(PlacementCommand::AddNode { node_id, addr })
             .await?;
         Ok(map_version(&resp))
+    }
+}
+
+/// A call to another node failed without saying why (the connection broke,
+/// the node died): whatever it was asked to do may or may not have happened.
+fn without_detail_is_unknown(status: Status, shard_id: u64, what: &str) -> Status {
+    if ErrorDetail::from_status(&status).is_some() {
+        return status;
+    }
+    ErrorDetail {
+        shard_id,
+        ..ErrorDetail::new(
+            Reason::OutcomeUnknown,
+            format!("{what}: the call failed without an answer ({status})"),
+        )
+    }
+    .to_status()
+}
+
+/// Pauses between tries of a migration step: 50 ms doubling to 1 s, about
+/// [`STEP_TIMEOUT`] in all.
+const RESHARD_MAX_TRIES: u32 = 35;
+
+impl reshard::Cluster for Ops {
+    async fn propose_shard(&self, shard_id: u64, command: Command) -> Result<Reply, Status> {
+        // No leader in time is not an answer of the shard.
+        let (leader, _) = self
+            .leader(shard_id)
+            .await
+            .map_err(|_| Status::from(ServerError::LeaderUnknown { shard_id }))?;
+        let mut client = self.control(leader)?;
+        let request = ProposeShardRequest {
+            shard_id,
+            command: command.encode(),
+        };
+        match client.propose_shard(request).await {
+            Ok(resp) => Ok(crate::control::shard_reply(&command, resp.into_inner())),
+            Err(e) => Err(without_detail_is_unknown(
+                e,
+                shard_id,
+                &format!("proposing to shard {shard_id} at node {leader}"),
+            )),
+        }
+    }
+
+    async fn propose_meta(&self, command: PlacementCommand) -> Result<Arc<PlacementMap>, Status> {
+        let resp = Ops::propose_meta(self, command)
+            .await
+            .map_err(|e| without_detail_is_unknown(e, META_SHARD_ID, "proposing to the map"))?;
+        let map = PlacementMap::restore(&resp.map).map_err(|e| {
+            Status::from(ServerError::Internal(format!("map in a meta answer: {e}")))
+        })?;
+        Ok(Arc::new(map))
+    }
+
+    async fn map(&self) -> Result<Arc<PlacementMap>, Status> {
+        self.fresh_map().await
+    }
+
+    async fn start_replica(
+        &self,
+        node_id: u64,
+        shard_id: u64,
+        voters: BTreeSet<u64>,
+        epoch: u64,
+    ) -> Result<(), Status> {
+        let mut c = self.control(node_id)?;
+        c.create_peer(CreatePeerRequest {
+            shard_id,
+            new_shard_voters: voters.into_iter().collect(),
+            epoch,
+        })
+        .await
+        .map(|_| ())
+        .map_err(|e| without_detail_is_unknown(e, shard_id, &format!("node {node_id}")))
+    }
+
+    async fn pending_exports(&self) -> BTreeMap<u64, Vec<u64>> {
+        let Some(map) = self.router.map() else {
+            return BTreeMap::new();
+        };
+        let mut out = BTreeMap::new();
+        for status in self.statuses(&map).await.into_values() {
+            for r in status.replicas {
+                if r.is_leader && r.shard_id != META_SHARD_ID && !r.pending_exports.is_empty() {
+                    out.insert(r.shard_id, r.pending_exports);
+                }
+            }
+        }
+        out
+    }
+
+    async fn pause(&self, tries: u32) -> bool {
+        if tries > RESHARD_MAX_TRIES {
+            return false;
+        }
+        let step = POLL_INTERVAL.saturating_mul(1 << tries.min(5));
+        tokio::time::sleep(step.min(Duration::from_secs(1))).await;
+        true
+    }
+
+    fn clock_offset_allowance_ms(&self) -> u64 {
+        self.clock_offset_allowance_ms
     }
 }
 
