@@ -12,6 +12,7 @@ pub mod attempts;
 pub mod clients;
 pub mod lease_time;
 pub mod orphans;
+pub mod reshard;
 pub mod world;
 
 use fencelock_nemesis::check::{self, CheckConfig, Status, Verdict};

@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use fencelock_placement::PlacementMap;
 use fencelock_raftstore::MemEngine;
 use fencelock_server::audit::AuditLog;
 use fencelock_server::config::NodeConfig;
@@ -94,6 +95,8 @@ pub struct Node {
     clock: Arc<SimClock>,
     sink: Arc<CaptureSink>,
     status: Arc<Mutex<Vec<ShardStatus>>>,
+    /// The running store's view of the placement map.
+    router: Option<Arc<Router>>,
     pub store: Option<Store>,
     /// Tick events of an earlier incarnation are ignored.
     generation: u64,
@@ -218,6 +221,7 @@ impl World {
                 }),
                 sink: Arc::default(),
                 status: Arc::default(),
+                router: None,
                 store: None,
                 generation: 0,
             });
@@ -280,6 +284,7 @@ impl World {
             metrics: Metrics::new(id).store_locals(),
             audit: AuditLog::disabled(),
         };
+        node.router = Some(router.clone());
         let mut store = match Store::open_with(
             node.config.clone(),
             io,
@@ -466,6 +471,26 @@ impl World {
             }
         }
         leaders
+    }
+
+    /// The newest placement map an up node has applied.
+    pub fn map(&self) -> Option<Arc<PlacementMap>> {
+        self.nodes
+            .iter()
+            .filter(|n| n.store.is_some())
+            .filter_map(|n| n.router.as_ref()?.map())
+            .max_by_key(|m| m.version())
+    }
+
+    /// What every up node last published about each of its replicas.
+    pub fn statuses(&self) -> Vec<(u64, ShardStatus)> {
+        let mut out = Vec::new();
+        for node in self.nodes.iter().filter(|n| n.store.is_some()) {
+            if let Ok(status) = node.status.lock() {
+                out.extend(status.iter().map(|s| (node.id, s.clone())));
+            }
+        }
+        out
     }
 
     /// The node leading the most shards, if any.
