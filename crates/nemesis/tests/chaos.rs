@@ -100,6 +100,7 @@ fn add_second_holder(h: &History) -> Option<History> {
             lease_id: "feedfacefeedfacefeedfacefeedface".into(),
             token: top + 1,
             deduplicated: false,
+            granted_ttl_ms: Some(3_000),
         }),
     });
     renumber(&mut out);

@@ -90,6 +90,7 @@ mod tests {
             lease_id: lease.into(),
             token,
             deduplicated: true,
+            granted_ttl_ms: None,
         })
     }
 

@@ -133,6 +133,7 @@ mod tests {
             lease_id: "aa".into(),
             token: 10,
             deduplicated: true,
+            granted_ttl_ms: None,
         });
         let h = Builder::default()
             .op(1, 0, 10, acquire(R, "a", 5000, 0), granted("aa", 10))

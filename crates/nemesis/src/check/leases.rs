@@ -4,7 +4,16 @@
 use std::collections::BTreeMap;
 
 use super::CheckConfig;
-use crate::history::{Call, History, Operation, ProcessId, Reply};
+use crate::history::{Call, History, Operation, ProcessId};
+
+/// One answer that gave the lease time, as a client following the contract
+/// counts it: from the send of the answered call, for the TTL the answer
+/// granted. Its stop-by deadline is `sent_ns + ttl_ms`, less a drift margin.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Promise {
+    pub sent_ns: u64,
+    pub ttl_ms: u64,
+}
 
 /// Facts about one granted lease (one lease id).
 #[derive(Clone, Debug)]
@@ -20,9 +29,20 @@ pub struct LeaseFacts<'h> {
     pub sent_ns: u64,
     /// When a client first learned of the grant.
     pub granted_ns: u64,
-    /// The lease cannot have ended on the server before this (client clock):
-    /// the latest confirmed grant or renewal send plus its TTL, minus the
-    /// clock allowance.
+    /// Every answer that gave the lease time, in history order. The first
+    /// is the logical acquire: its first send plus the TTL asked for (a
+    /// fresh grant gives exactly that, counted from its apply, which is
+    /// later). Then each ok acquire answer of the lease that states what it
+    /// granted (a re-send answered from the dedup table states only what
+    /// was left), and each ok renewal with the TTL it answered (the TTL
+    /// asked for when the history lacks it).
+    pub promises: Vec<Promise>,
+    /// The lease cannot have ended on the server before this (client clock),
+    /// and its holder relied on it until then: the latest deadline any
+    /// promise gave, minus the clock allowance. A client keeps the longest
+    /// deadline it was given, so this is its stop-by deadline; if a server
+    /// answered more time than the lease had, this reaches past the lease's
+    /// real end and the next holder's window overlaps it.
     pub earliest_end_ns: u64,
     /// When the holder stopped relying on the lease: the first release it
     /// sent, or `earliest_end_ns` (its stop-by deadline) if sooner.
@@ -37,6 +57,19 @@ impl LeaseFacts<'_> {
     /// The holder's validity window starts when it learned of the grant.
     pub fn window_start_ns(&self) -> u64 {
         self.granted_ns
+    }
+
+    /// The earliest end as known to calls sent before `before_ns`: the
+    /// logical acquire's promise and every later one sent before then (an
+    /// answer cannot be explained by a promise made after it was asked).
+    pub fn earliest_end_before(&self, config: &CheckConfig, before_ns: u64) -> u64 {
+        self.promises
+            .iter()
+            .enumerate()
+            .filter(|(i, p)| *i == 0 || p.sent_ns < before_ns)
+            .map(|(_, p)| config.earliest_end_ns(p.sent_ns, p.ttl_ms))
+            .max()
+            .unwrap_or(0)
     }
 }
 
@@ -55,6 +88,10 @@ pub fn first_sends(history: &History) -> BTreeMap<(&str, &str), u64> {
         }
     }
     sends
+}
+
+fn promise((sent_ns, ttl_ms): (u64, u64)) -> Promise {
+    Promise { sent_ns, ttl_ms }
 }
 
 /// Every lease granted in `history`, in order of grant.
@@ -83,27 +120,26 @@ pub fn lease_facts<'h>(history: &'h History, config: &CheckConfig) -> Vec<LeaseF
                 grant: op,
                 sent_ns,
                 granted_ns: op.complete_ns,
-                earliest_end_ns: config.earliest_end_ns(sent_ns, *ttl_ms),
+                promises: vec![Promise {
+                    sent_ns,
+                    ttl_ms: *ttl_ms,
+                }],
+                earliest_end_ns: 0,
                 window_end_ns: 0,
                 release: None,
                 renews: Vec::new(),
             });
         lease.granted_ns = lease.granted_ns.min(op.complete_ns);
+        lease.promises.extend(op.promise().map(promise));
     }
     for op in &history.ops {
         match &op.call {
             Call::Renew {
-                resource,
-                lease_id,
-                ttl_ms,
+                resource, lease_id, ..
             } => {
                 if let Some(lease) = leases.get_mut(&(resource.as_str(), lease_id.as_str())) {
                     lease.renews.push(op);
-                    if matches!(op.reply(), Some(Reply::Renewed)) {
-                        lease.earliest_end_ns = lease
-                            .earliest_end_ns
-                            .max(config.earliest_end_ns(op.invoke_ns, *ttl_ms));
-                    }
+                    lease.promises.extend(op.promise().map(promise));
                 }
             }
             Call::Release { resource, lease_id } => {
@@ -119,6 +155,7 @@ pub fn lease_facts<'h>(history: &'h History, config: &CheckConfig) -> Vec<LeaseF
     let mut out: Vec<LeaseFacts<'h>> = leases
         .into_values()
         .map(|mut lease| {
+            lease.earliest_end_ns = lease.earliest_end_before(config, u64::MAX);
             lease.window_end_ns = match lease.release {
                 Some(release) => release.invoke_ns.min(lease.earliest_end_ns),
                 None => lease.earliest_end_ns,

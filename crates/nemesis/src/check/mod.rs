@@ -11,9 +11,11 @@
 //! | [`liveness`] | after every fault healed, each resource still in use is served within a bound |
 //!
 //! Lease time is reasoned about on the client's monotonic clock: a lease
-//! granted (or renewed) by a call *sent* at `t` cannot end on the server
-//! before `t + ttl` (the server starts counting later, never earlier), up to
-//! a clock-rate allowance ([`CheckConfig::expiry_margin_percent`]).
+//! granted (or renewed) by a call *sent* at `t` whose answer granted `ttl`
+//! cannot end on the server before `t + ttl` (the server starts counting
+//! later, never earlier), up to a clock-rate allowance
+//! ([`CheckConfig::expiry_margin_percent`]). `ttl` is the time the answer
+//! granted, never the time asked for ([`LeaseFacts::promises`]).
 
 pub mod dedup;
 pub mod fence;
@@ -29,7 +31,7 @@ use std::fmt;
 use crate::clock::ms_to_ns;
 use crate::history::History;
 
-pub use leases::{first_sends, lease_facts, LeaseFacts};
+pub use leases::{first_sends, lease_facts, LeaseFacts, Promise};
 
 /// Problems listed per verdict; the count is always exact.
 pub const MAX_REPORTED_PROBLEMS: usize = 20;
@@ -260,11 +262,38 @@ pub(crate) mod build {
         }
     }
 
+    /// A grant recorded without the TTL it answered (an old history).
     pub fn granted(lease: &str, token: i64) -> Done {
         Done::Ok(Reply::Acquired {
             lease_id: lease.into(),
             token,
             deduplicated: false,
+            granted_ttl_ms: None,
+        })
+    }
+
+    /// A grant (or, `deduplicated`, a re-send's answer) that answered
+    /// `ttl_ms`.
+    pub fn granted_for(lease: &str, token: i64, deduplicated: bool, ttl_ms: u64) -> Done {
+        Done::Ok(Reply::Acquired {
+            lease_id: lease.into(),
+            token,
+            deduplicated,
+            granted_ttl_ms: Some(ttl_ms),
+        })
+    }
+
+    /// A renewal recorded without the TTL it answered (an old history).
+    pub fn renewed() -> Done {
+        Done::Ok(Reply::Renewed {
+            granted_ttl_ms: None,
+        })
+    }
+
+    /// A renewal that answered `ttl_ms`.
+    pub fn renewed_for(ttl_ms: u64) -> Done {
+        Done::Ok(Reply::Renewed {
+            granted_ttl_ms: Some(ttl_ms),
         })
     }
 

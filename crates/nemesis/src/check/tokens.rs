@@ -166,6 +166,7 @@ mod tests {
             lease_id: "a1".into(),
             token: 5,
             deduplicated: true,
+            granted_ttl_ms: None,
         });
         let h = Builder::default()
             .op(1, 0, 10, acquire("t/a", "1", 1000, 0), granted("a1", 5))

@@ -3,11 +3,25 @@
 //!
 //! A holder's **validity window** runs from when it learned of the grant
 //! (the acquire's completion) to when it stopped relying on it: the first
-//! release it sent, or its stop-by deadline (the last confirmed grant or
-//! renewal *send* plus the TTL, minus the clock allowance), whichever is
-//! first. Another grant of the resource can only be applied after the old
-//! lease ended on the server, which is after that window closed; so two
+//! release it sent, or its stop-by deadline, whichever is first. The
+//! stop-by deadline is the one a client following the contract keeps: the
+//! latest *send* plus granted TTL over the answers that gave the lease
+//! time, minus the clock allowance ([`LeaseFacts::promises`]): the logical
+//! acquire's first send plus the TTL asked for, every ok acquire answer's
+//! send plus the TTL it answered, every ok renewal's send plus the TTL it
+//! answered. Another grant of the resource can only be applied after the
+//! old lease ended on the server, which is after that window closed; so two
 //! windows of one resource overlapping means two holders at once.
+//!
+//! The TTLs are the answered ones, never the ones asked for: a server that
+//! answers more time than the lease has (a renewal near the hold cap told
+//! the full TTL, a re-sent acquire answered from the dedup table with the
+//! full TTL again) stretches its holder's window past the lease's real
+//! end, and the next grant overlaps it. A server answering less (as it
+//! must near the hold cap) shortens the window, so a correct handover at
+//! the cap is not mistaken for an overlap. Histories without answered TTLs
+//! fall back to the TTL asked for, for renewals; the acquire's own rule
+//! needs none.
 //!
 //! A window can be empty: a reply that arrives after the stop-by deadline
 //! (a slow retry of a waiting acquire answered from the dedup table) hands
@@ -22,7 +36,7 @@
 use std::collections::BTreeMap;
 
 use super::{lease_facts, CheckConfig, LeaseFacts, Verdict};
-use crate::history::{Call, History, Outcome, Reply};
+use crate::history::{History, Outcome, Reply};
 
 /// The reason a renewal gets when its lease is gone.
 const LEASE_NOT_HELD: &str = "REASON_LEASE_NOT_HELD";
@@ -67,23 +81,9 @@ pub fn check(history: &History, config: &CheckConfig) -> Verdict {
 }
 
 fn check_not_lost(lease: &LeaseFacts, config: &CheckConfig, verdict: &mut Verdict) {
-    let Call::Acquire { ttl_ms, .. } = &lease.grant.call else {
-        return;
-    };
     // The earliest end as known when `sent_ns` was sent: later renewals
     // cannot explain an earlier answer.
-    let earliest_end_before = |sent_ns: u64| {
-        let mut end = config.earliest_end_ns(lease.sent_ns, *ttl_ms);
-        for renew in &lease.renews {
-            if let (Call::Renew { ttl_ms, .. }, Some(Reply::Renewed)) = (&renew.call, renew.reply())
-            {
-                if renew.invoke_ns < sent_ns {
-                    end = end.max(config.earliest_end_ns(renew.invoke_ns, *ttl_ms));
-                }
-            }
-        }
-        end
-    };
+    let earliest_end_before = |sent_ns: u64| lease.earliest_end_before(config, sent_ns);
     if let Some(release) = lease.release {
         if release.outcome == Outcome::Ok(Reply::Released { released: false })
             && release.complete_ns < earliest_end_before(release.invoke_ns)
@@ -163,6 +163,7 @@ mod tests {
             lease_id: "aa".into(),
             token: 10,
             deduplicated: true,
+            granted_ttl_ms: None,
         });
         let h = Builder::default()
             // Sent at 0 and granted then, but the reply came after the TTL.
@@ -176,7 +177,7 @@ mod tests {
     fn a_renewal_extends_the_window() {
         let h = Builder::default()
             .op(1, 0, 10, acquire(R, "a", 1000, 0), granted("aa", 10))
-            .op(1, 600, 610, renew(R, "aa", 1000), Done::Ok(Reply::Renewed))
+            .op(1, 600, 610, renew(R, "aa", 1000), renewed())
             // After a's first TTL but inside the renewed one.
             .op(2, 1200, 1210, acquire(R, "b", 1000, 0), granted("bb", 11))
             .build();
@@ -216,6 +217,140 @@ mod tests {
             .op(1, 1600, 1610, release(R, "aa"), released(false))
             .build();
         assert!(check(&h, &config()).passed());
+    }
+
+    /// A 30 s lease granted at about 0 under a 60 s hold cap, renewed at
+    /// 20 s (answered 30 s) and 40 s, 20 s before the cap (answered
+    /// `answered`); at the cap the service frees it and grants it to b,
+    /// and a's next renewal is refused.
+    fn renewed_up_to_the_hold_cap(answered: u64) -> History {
+        Builder::default()
+            .op(
+                1,
+                0,
+                10,
+                acquire(R, "a", 30_000, 0),
+                granted_for("aa", 10, false, 30_000),
+            )
+            .op(
+                1,
+                20_000,
+                20_010,
+                renew(R, "aa", 30_000),
+                renewed_for(30_000),
+            )
+            .op(
+                1,
+                40_000,
+                40_010,
+                renew(R, "aa", 30_000),
+                renewed_for(answered),
+            )
+            .op(
+                2,
+                60_050,
+                60_060,
+                acquire(R, "b", 30_000, 0),
+                granted_for("bb", 11, false, 30_000),
+            )
+            .op(
+                1,
+                60_100,
+                60_110,
+                renew(R, "aa", 30_000),
+                Done::Fail(LEASE_NOT_HELD),
+            )
+            .build()
+    }
+
+    #[test]
+    fn a_renewal_answered_more_than_the_hold_cap_leaves_fails() {
+        // The old answer near the cap: the full TTL asked for. The holder
+        // counts on it to 70 s; b holds from 60 s.
+        let v = check(&renewed_up_to_the_hold_cap(30_000), &config());
+        assert!(!v.passed());
+        assert!(v.problems[0].contains("lease bb"), "{v}");
+        // What was left before the cap (applied at 40 005 ms): the holder
+        // stops by 59 995 ms, and the refusal after the cap is expected.
+        let v = check(&renewed_up_to_the_hold_cap(19_995), &config());
+        assert!(v.passed(), "{v}");
+    }
+
+    /// A 30 s lease granted at about 0; its reply "lost", the request id is
+    /// re-sent at 10 s and answered from the dedup table with `answered`;
+    /// the lease expires at about 30 s and b gets the lock.
+    fn resent_after_10_s(answered: u64) -> History {
+        Builder::default()
+            .op(
+                1,
+                0,
+                10,
+                acquire(R, "a", 30_000, 0),
+                granted_for("aa", 10, false, 30_000),
+            )
+            .op(
+                1,
+                10_000,
+                10_010,
+                acquire(R, "a", 30_000, 0),
+                granted_for("aa", 10, true, answered),
+            )
+            .op(
+                2,
+                30_100,
+                30_110,
+                acquire(R, "b", 30_000, 0),
+                granted_for("bb", 11, false, 30_000),
+            )
+            .build()
+    }
+
+    #[test]
+    fn a_resent_acquire_answered_the_full_ttl_again_fails() {
+        // The old dedup answer: the full TTL, counted by the holder from
+        // the re-send, to 40 s.
+        let v = check(&resent_after_10_s(30_000), &config());
+        assert!(!v.passed());
+        assert!(v.problems[0].contains("lease bb"), "{v}");
+        // What was left of the grant (applied at 5 ms, re-sent one applied
+        // at 10 005 ms): the holder stops by 30 000 ms.
+        let v = check(&resent_after_10_s(20_000), &config());
+        assert!(v.passed(), "{v}");
+        // Nothing left (a leader change's allowance running): the grant's
+        // own deadline stands.
+        let v = check(&resent_after_10_s(0), &config());
+        assert!(v.passed(), "{v}");
+    }
+
+    #[test]
+    fn a_renewal_answering_more_than_asked_extends_the_window() {
+        // a asks 10 s at 100 ms (unknown: applied at 105 ms, reply lost),
+        // then 1 s at 900 ms, answered with the 9 195 ms the first renewal
+        // still runs: the holder counts on it to 10 095 ms.
+        let h = |renewed: Done| {
+            Builder::default()
+                .op(
+                    1,
+                    0,
+                    10,
+                    acquire(R, "a", 1_000, 0),
+                    granted_for("aa", 10, false, 1_000),
+                )
+                .op(1, 100, 900, renew(R, "aa", 10_000), Done::Unknown)
+                .op(1, 900, 910, renew(R, "aa", 1_000), renewed)
+                .op(
+                    2,
+                    5_000,
+                    5_010,
+                    acquire(R, "b", 1_000, 0),
+                    granted_for("bb", 11, false, 1_000),
+                )
+                .build()
+        };
+        let v = check(&h(renewed_for(9_195)), &config());
+        assert!(v.problems[0].contains("lease bb"), "{v}");
+        // Without the answered TTL only the 1 s asked for counts.
+        assert!(check(&h(renewed()), &config()).passed());
     }
 
     #[test]

@@ -60,7 +60,11 @@ pub async fn hold_forever(
                 .write(resource, grant.token, &format!("h{process}-{n}-{i}"))
                 .await;
             if renewed_at.elapsed() >= renew_every {
-                if !lock.renew(resource, &grant.lease_id, ttl_ms).await {
+                if lock
+                    .renew(resource, &grant.lease_id, ttl_ms)
+                    .await
+                    .is_none()
+                {
                     break;
                 }
                 renewed_at = tokio::time::Instant::now();

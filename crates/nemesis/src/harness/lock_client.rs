@@ -78,6 +78,10 @@ enum Ended<T> {
 pub struct Grant {
     pub lease_id: Vec<u8>,
     pub token: i64,
+    /// The time the answer granted (`lease_ttl_ms`), counted from the send
+    /// of the acquire: what the stop-by deadline is computed from, never
+    /// the TTL asked for.
+    pub ttl_ms: u64,
 }
 
 pub struct LockClient {
@@ -252,11 +256,13 @@ impl LockClient {
                         lease_id: hex::encode(&a.lease_id),
                         token: a.fencing_token,
                         deduplicated: a.deduplicated,
+                        granted_ttl_ms: Some(a.lease_ttl_ms),
                     },
                 );
                 Some(Grant {
                     lease_id: a.lease_id,
                     token: a.fencing_token,
+                    ttl_ms: a.lease_ttl_ms,
                 })
             }
             other => {
@@ -266,8 +272,9 @@ impl LockClient {
         }
     }
 
-    /// True if renewed.
-    pub async fn renew(&mut self, resource: &str, lease_id: &[u8], ttl_ms: u64) -> bool {
+    /// If renewed, the time the renewal granted (`lease_ttl_ms`, counted
+    /// from the send of the renew; it may differ from `ttl_ms`).
+    pub async fn renew(&mut self, resource: &str, lease_id: &[u8], ttl_ms: u64) -> Option<u64> {
         self.recorder.invoke(
             self.process,
             Call::Renew {
@@ -288,13 +295,18 @@ impl LockClient {
             })
             .await
         {
-            Ended::Ok(_) => {
-                self.recorder.ok(self.process, Reply::Renewed);
-                true
+            Ended::Ok(r) => {
+                self.recorder.ok(
+                    self.process,
+                    Reply::Renewed {
+                        granted_ttl_ms: Some(r.lease_ttl_ms),
+                    },
+                );
+                Some(r.lease_ttl_ms)
             }
             other => {
                 self.record_end(other);
-                false
+                None
             }
         }
     }

@@ -25,8 +25,9 @@ use crate::history::ProcessId;
 
 /// Lease TTL of the lock clients: short, so expiry happens during a run.
 pub const CLIENT_TTL_MS: u64 = 3_000;
-/// The stop-by deadline, in percent of the TTL after the send of the call
-/// that was answered (the client library keeps a similar margin).
+/// The stop-by deadline, in percent of the TTL the answer granted, after
+/// the send of the call that was answered (the client library keeps a
+/// similar margin).
 pub const STOP_BY_PERCENT: u64 = 90;
 /// How long a waiting acquire may queue.
 pub const CLIENT_WAIT_MS: u64 = 2_000;
@@ -86,8 +87,12 @@ pub async fn lock_client(ctx: Ctx, process: ProcessId, resources: Vec<String>, s
             continue;
         };
         // The stop-by deadline, as the client library computes it: from the
-        // send of the call that was answered, minus a margin.
-        let mut stop_by = sent + Duration::from_millis(CLIENT_TTL_MS * STOP_BY_PERCENT / 100);
+        // send of the call that was answered, for the TTL the answer
+        // granted (never the one asked for), minus a margin.
+        let stop_by_after = |sent: Instant, ttl_ms: u64| {
+            sent + Duration::from_millis(ttl_ms * STOP_BY_PERCENT / 100)
+        };
+        let mut stop_by = stop_by_after(sent, grant.ttl_ms);
         for i in 0..rng.random_range(1..=3u64) {
             if Instant::now() >= stop_by {
                 break;
@@ -98,8 +103,9 @@ pub async fn lock_client(ctx: Ctx, process: ProcessId, resources: Vec<String>, s
             tokio::time::sleep(Duration::from_millis(rng.random_range(10..120))).await;
             if rng.random_ratio(1, 3) {
                 let sent = Instant::now();
-                if lock.renew(resource, &grant.lease_id, CLIENT_TTL_MS).await {
-                    stop_by = sent + Duration::from_millis(CLIENT_TTL_MS * STOP_BY_PERCENT / 100);
+                if let Some(ttl_ms) = lock.renew(resource, &grant.lease_id, CLIENT_TTL_MS).await {
+                    // A client keeps the longest deadline it was given.
+                    stop_by = stop_by.max(stop_by_after(sent, ttl_ms));
                 }
             }
         }

@@ -83,6 +83,23 @@ mod tests {
                     lease_id: "00ff".into(),
                     token: 1 << 40 | 7,
                     deduplicated: false,
+                    granted_ttl_ms: Some(2000),
+                },
+            },
+            Event::Invoke {
+                process: 3,
+                time_ns: 210,
+                call: Call::Renew {
+                    resource: "t/a".into(),
+                    lease_id: "00ff".into(),
+                    ttl_ms: 2000,
+                },
+            },
+            Event::Ok {
+                process: 3,
+                time_ns: 220,
+                reply: Reply::Renewed {
+                    granted_ttl_ms: Some(1500),
                 },
             },
             Event::Invoke {
@@ -129,6 +146,43 @@ mod tests {
         );
         assert!(text.contains(r#""f":"acquire""#), "{text}");
         assert_eq!(read_jsonl(&buf[..]).unwrap(), events);
+    }
+
+    #[test]
+    fn answers_recorded_before_granted_ttls_were_kept_still_read() {
+        let old = concat!(
+            r#"{"type":"ok","process":3,"time_ns":200,"r":"acquired","lease_id":"00ff","token":7,"deduplicated":true}"#,
+            "\n",
+            r#"{"type":"ok","process":3,"time_ns":220,"r":"renewed"}"#,
+            "\n",
+        );
+        let events = read_jsonl(old.as_bytes()).unwrap();
+        assert_eq!(
+            events,
+            vec![
+                Event::Ok {
+                    process: 3,
+                    time_ns: 200,
+                    reply: Reply::Acquired {
+                        lease_id: "00ff".into(),
+                        token: 7,
+                        deduplicated: true,
+                        granted_ttl_ms: None,
+                    },
+                },
+                Event::Ok {
+                    process: 3,
+                    time_ns: 220,
+                    reply: Reply::Renewed {
+                        granted_ttl_ms: None,
+                    },
+                },
+            ]
+        );
+        // And an unknown TTL is written as before: left out.
+        let mut buf = Vec::new();
+        write_jsonl(&mut buf, &events).unwrap();
+        assert_eq!(String::from_utf8(buf).unwrap(), old);
     }
 
     #[test]

@@ -89,6 +89,13 @@ impl Call {
 }
 
 /// What a call answered when it completed ok.
+///
+/// `granted_ttl_ms` is the time the answer granted (the reply's
+/// `lease_ttl_ms`), which may differ from the TTL the call asked for: a
+/// renewal near the hold cap grants less, one behind an earlier longer
+/// grant more, and a deduplicated acquire only what is left of the
+/// original grant. Histories recorded before it was kept lack it (`None`);
+/// it is left out of a line when `None`, so such lines read as before.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "r", rename_all = "snake_case")]
 pub enum Reply {
@@ -96,8 +103,13 @@ pub enum Reply {
         lease_id: String,
         token: i64,
         deduplicated: bool,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        granted_ttl_ms: Option<u64>,
     },
-    Renewed,
+    Renewed {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        granted_ttl_ms: Option<u64>,
+    },
     Released {
         released: bool,
     },
@@ -132,7 +144,7 @@ impl Reply {
         matches!(
             (call, self),
             (Call::Acquire { .. }, Reply::Acquired { .. })
-                | (Call::Renew { .. }, Reply::Renewed)
+                | (Call::Renew { .. }, Reply::Renewed { .. })
                 | (Call::Release { .. }, Reply::Released { .. })
                 | (Call::Get { .. }, Reply::Got { .. })
                 | (
@@ -270,6 +282,28 @@ impl Operation {
                     lease_id, token, ..
                 }),
             ) => Some((lease_id, *token)),
+            _ => None,
+        }
+    }
+
+    /// For an ok acquire or renewal: the time it granted, as its send time
+    /// and TTL — the start and length of the stop-by deadline a client
+    /// following the contract computes from this answer (before its drift
+    /// margin). The TTL is the answered one; where the history lacks it,
+    /// a renewal falls back to the TTL asked for and an acquire gives
+    /// `None` (see [`crate::check::lease_facts`] for the acquire rule).
+    pub fn promise(&self) -> Option<(u64, u64)> {
+        match (&self.call, self.reply()?) {
+            (
+                Call::Acquire { .. },
+                Reply::Acquired {
+                    granted_ttl_ms: Some(ttl_ms),
+                    ..
+                },
+            ) => Some((self.invoke_ns, *ttl_ms)),
+            (Call::Renew { ttl_ms, .. }, Reply::Renewed { granted_ttl_ms }) => {
+                Some((self.invoke_ns, granted_ttl_ms.unwrap_or(*ttl_ms)))
+            }
             _ => None,
         }
     }
@@ -513,7 +547,9 @@ mod tests {
         let wrong = Event::Ok {
             process: 1,
             time_ns: 12,
-            reply: Reply::Renewed,
+            reply: Reply::Renewed {
+                granted_ttl_ms: None,
+            },
         };
         assert!(matches!(
             History::from_events(&[invoke(1, 10), wrong]),

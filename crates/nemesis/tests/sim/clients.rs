@@ -36,8 +36,10 @@ const RETRY_PAUSE_MS: (u64, u64) = (5, 60);
 const THINK_MS: (u64, u64) = (1, 40);
 /// Client-to-node latency.
 const REQUEST_LATENCY_MS: (u64, u64) = (1, 5);
-/// A holder stops using its lease at this share of the TTL after the send
-/// of its grant or last renewal (the client library's stop-by deadline).
+/// A holder stops using its lease at this share of the TTL an answer
+/// granted (`lease_ttl_ms`, never the TTL asked for) after the send of the
+/// answered call, keeping the latest such deadline (the client library's
+/// stop-by deadline).
 const STOP_BY_PERCENT: u64 = 85;
 /// Per-mille chance that a holder "pauses" (GC, SIGSTOP) past its lease and
 /// then writes with its old token without checking its deadline.
@@ -52,11 +54,18 @@ pub fn resource_name(i: usize) -> String {
     format!("sim/r-{i}")
 }
 
+/// The stop-by deadline an answer granting `ttl_ms` to a call sent at
+/// `sent_ms` gives.
+fn stop_by(sent_ms: u64, ttl_ms: u64) -> u64 {
+    sent_ms + ttl_ms * STOP_BY_PERCENT / 100
+}
+
 /// A lease the client believes it holds.
 struct Held {
     resource: String,
     lease_id: LeaseId,
     token: i64,
+    /// The TTL asked for (renewals and re-sends ask for it again).
     ttl_ms: u64,
     request_id: String,
     wait_ms: u64,
@@ -635,7 +644,11 @@ impl Clients {
             return;
         };
         match reply.status {
-            AcquireStatus::Held { token, .. } => {
+            AcquireStatus::Held {
+                token,
+                lease_ttl_ms,
+                ..
+            } => {
                 let token = token.as_i64();
                 self.complete(
                     world,
@@ -644,11 +657,23 @@ impl Clients {
                         lease_id: hex::encode(reply.lease_id.0),
                         token,
                         deduplicated: reply.deduplicated,
+                        granted_ttl_ms: Some(lease_ttl_ms),
                     }),
                 );
+                // Counted from the first send of the logical call (the
+                // answered attempt was sent then or later): never longer
+                // than the contract's deadline.
+                let stop_by_ms = stop_by(op.started_ms, lease_ttl_ms);
                 let resend = matches!(op.kind, OpKind::Acquire { resend: true });
-                if !resend {
-                    let stop_by_ms = op.started_ms + op.ttl_ms * STOP_BY_PERCENT / 100;
+                if resend {
+                    // A deduplicated answer grants only what is left of the
+                    // lease, so the holder may count on it like a renewal.
+                    if let Some(held) = self.clients[client].held.as_mut() {
+                        if reply.deduplicated && held.lease_id == reply.lease_id {
+                            held.stop_by_ms = held.stop_by_ms.max(stop_by_ms);
+                        }
+                    }
+                } else {
                     self.clients[client].held = Some(Held {
                         resource: op.resource,
                         lease_id: reply.lease_id,
@@ -690,13 +715,22 @@ impl Clients {
             return;
         };
         match (&op.kind, reply) {
-            (OpKind::Renew, LockReply::Renewed(_)) => {
-                self.complete(world, process, Ok(Reply::Renewed));
+            (OpKind::Renew, LockReply::Renewed(renewed)) => {
+                self.complete(
+                    world,
+                    process,
+                    Ok(Reply::Renewed {
+                        granted_ttl_ms: Some(renewed.lease_ttl_ms),
+                    }),
+                );
+                // The time the renewal granted, which may be less than
+                // asked (near the hold cap) or more (an earlier, longer
+                // grant still runs); the longest deadline given stands.
                 if let Some(held) = self.clients[client].held.as_mut() {
                     if Some(held.lease_id) == op.lease_id {
                         held.stop_by_ms = held
                             .stop_by_ms
-                            .max(op.started_ms + op.ttl_ms * STOP_BY_PERCENT / 100);
+                            .max(stop_by(op.started_ms, renewed.lease_ttl_ms));
                     }
                 }
             }

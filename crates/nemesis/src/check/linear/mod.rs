@@ -106,9 +106,16 @@ fn to_lin_ops(ops: &[&Operation], config: &CheckConfig, leases: &mut Interner) -
                 let lease = leases.id(lease_id);
                 let earliest_end_ns = config.earliest_end_ns(op.invoke_ns, *ttl_ms);
                 match outcome {
+                    // The time the renewal answered (less than asked near
+                    // the hold cap), or the TTL asked for where the history
+                    // lacks it.
                     Outcome::Ok(_) => Effect::Renewed {
                         lease,
-                        earliest_end_ns,
+                        earliest_end_ns: op
+                            .promise()
+                            .map_or(earliest_end_ns, |(sent_ns, ttl_ms)| {
+                                config.earliest_end_ns(sent_ns, ttl_ms)
+                            }),
                     },
                     Outcome::Fail(r) if r == LEASE_NOT_HELD => Effect::RenewRefused { lease },
                     Outcome::Fail(_) => continue,
@@ -158,7 +165,13 @@ fn merged_acquire(
     let Call::Acquire { ttl_ms, .. } = &first.call else {
         return None;
     };
-    let earliest_end_ns = config.earliest_end_ns(first.invoke_ns, *ttl_ms);
+    // As the windows checker counts it: the first send plus the TTL asked
+    // for, or a later answer's send plus the TTL it answered, if longer.
+    let earliest_end_ns = group
+        .iter()
+        .filter_map(|op| op.promise())
+        .map(|(sent_ns, ttl_ms)| config.earliest_end_ns(sent_ns, ttl_ms))
+        .fold(config.earliest_end_ns(first.invoke_ns, *ttl_ms), u64::max);
     let granted = group
         .iter()
         .filter_map(|op| op.grant().map(|g| (op, g)))
@@ -219,7 +232,7 @@ mod tests {
             .op(1, 0, 10, acquire(R, "1", 1000, 0), granted("a", 10))
             .op(2, 20, 30, acquire(R, "2", 1000, 0), held())
             .op(3, 40, 50, get(R), got(true, 10, 10, 0))
-            .op(1, 60, 70, renew(R, "a", 1000), Done::Ok(Reply::Renewed))
+            .op(1, 60, 70, renew(R, "a", 1000), renewed())
             .op(1, 80, 90, release(R, "a"), released(true))
             .op(3, 100, 110, get(R), got(false, 0, 10, 0))
             .op(2, 120, 130, acquire(R, "3", 1000, 0), granted("b", 11))
@@ -267,6 +280,69 @@ mod tests {
             .op(3, 500, 510, get(R), got(false, 0, 10, 0))
             .build();
         assert!(!check(&h, &config()).passed());
+    }
+
+    #[test]
+    fn a_lease_lasts_the_time_its_answers_granted() {
+        // A renewal 20 s before a 60 s hold cap: answered with what was
+        // left (the lock is free at the cap), or with the full TTL (then
+        // the grant at the cap is too early).
+        let capped = |answered| {
+            Builder::default()
+                .op(
+                    1,
+                    0,
+                    10,
+                    acquire(R, "1", 30_000, 0),
+                    granted_for("a", 10, false, 30_000),
+                )
+                .op(
+                    1,
+                    40_000,
+                    40_010,
+                    renew(R, "a", 30_000),
+                    renewed_for(answered),
+                )
+                .op(
+                    2,
+                    60_050,
+                    60_060,
+                    acquire(R, "2", 30_000, 0),
+                    granted_for("b", 11, false, 30_000),
+                )
+                .build()
+        };
+        assert!(check(&capped(19_995), &config()).passed());
+        assert!(!check(&capped(30_000), &config()).passed());
+        // A re-send 10 s after the grant, answered with what was left of
+        // it, or with the full TTL again.
+        let resent = |answered| {
+            Builder::default()
+                .op(
+                    1,
+                    0,
+                    10,
+                    acquire(R, "1", 30_000, 0),
+                    granted_for("a", 10, false, 30_000),
+                )
+                .op(
+                    1,
+                    10_000,
+                    10_010,
+                    acquire(R, "1", 30_000, 0),
+                    granted_for("a", 10, true, answered),
+                )
+                .op(
+                    2,
+                    30_100,
+                    30_110,
+                    acquire(R, "2", 30_000, 0),
+                    granted_for("b", 11, false, 30_000),
+                )
+                .build()
+        };
+        assert!(check(&resent(20_000), &config()).passed());
+        assert!(!check(&resent(30_000), &config()).passed());
     }
 
     #[test]
@@ -337,6 +413,7 @@ mod tests {
                     lease_id: "a".into(),
                     token: 10,
                     deduplicated: true,
+                    granted_ttl_ms: None,
                 }),
             )
             .build();
