@@ -265,11 +265,56 @@ fn cancelled_waiter_leaves_the_queue_and_a_granted_one_releases() {
     let r = s.cancel("acme/hot", 1, FIRST_ATTEMPT);
     assert_eq!(r, Ok(Reply::Cancelled { removed: true }));
     assert_eq!(s.holder("acme/hot"), None);
+}
+
+/// docs/client.md: an acquire whose answer never came is retried with the
+/// same request id. Its caller going away is usually why the answer never
+/// came, and the server cancels a grant or wait it could not deliver — so a
+/// retry that learned "cancelled" would never get the lock. Nobody was told
+/// of a cancelled acquire, so its retry starts over instead.
+#[test]
+fn a_retry_of_an_acquire_cancelled_for_its_gone_caller_starts_over() {
+    let mut s = Shard::new();
+    // A grant whose caller left before it was told.
+    let first = s.acquire("acme/hot", "a", 1, 10_000, 0).unwrap();
+    let r = s.cancel("acme/hot", 1, first.attempt);
+    assert_eq!(r, Ok(Reply::Cancelled { removed: true }));
     let retry = s.acquire("acme/hot", "a", 7, 10_000, 0).unwrap();
+    assert!(!retry.deduplicated, "{retry:?}");
+    assert_eq!(retry.lease_id, LeaseId([7; 16]));
+    let AcquireStatus::Held { token, .. } = retry.status else {
+        panic!("the retry is granted: {retry:?}");
+    };
+    let AcquireStatus::Held {
+        token: first_token, ..
+    } = first.status
+    else {
+        panic!("{first:?}");
+    };
+    assert!(token > first_token, "a new grant, a larger token");
+    assert_eq!(s.holder("acme/hot"), Some(LeaseId([7; 16])));
+    // From here the retry's outcome is the one its id remembers.
+    let again = s.acquire("acme/hot", "a", 8, 10_000, 0).unwrap();
+    assert!(again.deduplicated);
+    assert_eq!(again.lease_id, LeaseId([7; 16]));
+
+    // A wait whose caller left: the retry queues again.
+    let waiting = s.acquire("acme/hot", "b", 2, 10_000, 5_000).unwrap();
+    s.cancel("acme/hot", 2, waiting.attempt).unwrap();
+    let retry = s.acquire("acme/hot", "b", 3, 10_000, 5_000).unwrap();
+    assert!(!retry.deduplicated);
+    assert!(
+        matches!(retry.status, AcquireStatus::Queued { position: 1, .. }),
+        "{retry:?}"
+    );
+    // A released lease stays released for its retries.
+    assert!(s.release("acme/hot", 7));
+    let late = s.acquire("acme/hot", "a", 9, 10_000, 0).unwrap();
+    assert!(late.deduplicated);
     assert!(matches!(
-        retry.status,
+        late.status,
         AcquireStatus::Ended {
-            ended: LeaseEnd::Cancelled,
+            ended: LeaseEnd::Released,
             ..
         }
     ));
