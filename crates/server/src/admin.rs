@@ -39,6 +39,27 @@ impl AdminServiceImpl {
     }
 }
 
+/// An operator action's failure always carries an `ErrorDetail`: a status
+/// without one came from a call to another node that broke off (the node
+/// died, the connection dropped), so what that node did is unknown.
+fn detailed(status: Status) -> Status {
+    if fencelock_api::v1::ErrorDetail::from_status(&status).is_some() {
+        return status;
+    }
+    fencelock_api::v1::ErrorDetail::new(
+        fencelock_api::v1::Reason::OutcomeUnknown,
+        format!(
+            "a call to another node broke off ({}: {}); the action may be partly done. \
+             Look with `fencelock admin shards`; run the action again (every step checks \
+             what is already done), and an interrupted migration is finished by the meta \
+             leader on its own",
+            status.code(),
+            status.message()
+        ),
+    )
+    .to_status()
+}
+
 fn invalid(field: &'static str, reason: impl Into<String>) -> Status {
     ServerError::InvalidArgument {
         field,
@@ -160,7 +181,8 @@ impl AdminService for AdminServiceImpl {
         let leader = self
             .ops
             .transfer_leader(req.shard_id, req.to_node_id)
-            .await?;
+            .await
+            .map_err(detailed)?;
         Ok(Response::new(TransferLeaderResponse {
             leader_node_id: leader,
         }))
@@ -175,7 +197,8 @@ impl AdminService for AdminServiceImpl {
         let map_version = self
             .ops
             .move_replica(req.shard_id, req.from_node_id, req.to_node_id)
-            .await?;
+            .await
+            .map_err(detailed)?;
         Ok(Response::new(MoveReplicaResponse { map_version }))
     }
 
@@ -184,7 +207,7 @@ impl AdminService for AdminServiceImpl {
         _: Request<BalanceRequest>,
     ) -> Result<Response<BalanceResponse>, Status> {
         let _turn = self.one_at_a_time.lock().await;
-        let moved = self.ops.balance().await?;
+        let moved = self.ops.balance().await.map_err(detailed)?;
         let map = self.ops.fresh_map().await?;
         Ok(Response::new(BalanceResponse {
             map_version: map.version(),
@@ -214,7 +237,11 @@ impl AdminService for AdminServiceImpl {
         let _turn = self.one_at_a_time.lock().await;
         let req = request.into_inner();
         crate::validate::new_node_id(req.node_id)?;
-        let map_version = self.ops.add_node(req.node_id, req.address).await?;
+        let map_version = self
+            .ops
+            .add_node(req.node_id, req.address)
+            .await
+            .map_err(detailed)?;
         Ok(Response::new(AddNodeResponse {
             node_id: req.node_id,
             map_version,
@@ -231,14 +258,20 @@ impl AdminService for AdminServiceImpl {
                 let slots = crate::validate::slots_from_ranges(&m.slots)?;
                 self.ops
                     .move_slots(m.from_shard_id, m.to_shard_id, slots)
-                    .await?
+                    .await
+                    .map_err(detailed)?
             }
-            Some(reshard_request::Action::SplitShard(s)) => {
-                self.ops.split(s.shard_id, s.split_at_slot).await?
-            }
-            Some(reshard_request::Action::Resume(_)) => {
-                self.ops.resume().await?.unwrap_or_default()
-            }
+            Some(reshard_request::Action::SplitShard(s)) => self
+                .ops
+                .split(s.shard_id, s.split_at_slot)
+                .await
+                .map_err(detailed)?,
+            Some(reshard_request::Action::Resume(_)) => self
+                .ops
+                .resume()
+                .await
+                .map_err(detailed)?
+                .unwrap_or_default(),
             None => return Err(invalid("action", "say what to change")),
         };
         let map = self.ops.fresh_map().await?;

@@ -43,6 +43,8 @@ pub struct Node {
     status: Arc<Mutex<Vec<ShardStatus>>>,
     router: Arc<Router>,
     map_task: tokio::task::JoinHandle<()>,
+    /// The meta leader's look for migrations left open.
+    reshard_task: tokio::task::JoinHandle<()>,
     epoch_task: tokio::task::JoinHandle<()>,
     ops: crate::ops::Ops,
     metrics: Arc<Metrics>,
@@ -149,6 +151,64 @@ async fn refresh_map(ops: crate::ops::Ops, status: Arc<Mutex<Vec<ShardStatus>>>)
         if !has_meta {
             let _ = ops.fresh_map().await;
         }
+    }
+}
+
+/// How often the meta shard's leader looks for a migration left open.
+const RESHARD_WATCH_INTERVAL: std::time::Duration = std::time::Duration::from_secs(5);
+/// Every this many looks it also sweeps every shard for exports left behind
+/// by ended migrations.
+const RESHARD_SWEEP_EVERY: u32 = 12;
+
+/// The meta shard's leader finishes migrations nobody is finishing: at once
+/// when it becomes leader (so after a restart or a leader change, an open
+/// migration does not wait for an operator), when a migration stays open
+/// across two looks (its orchestrator died or gave up), and now and then to
+/// clear leftovers. Running next to a live orchestrator is safe: every step
+/// is idempotent and decided from the shards' replicated state
+/// ([`crate::reshard`]).
+async fn watch_migrations(
+    ops: crate::ops::Ops,
+    router: Arc<Router>,
+    status: Arc<Mutex<Vec<ShardStatus>>>,
+) {
+    let mut interval = tokio::time::interval(RESHARD_WATCH_INTERVAL);
+    interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut led_in_term: Option<u64> = None;
+    let mut open_before: Option<u64> = None;
+    let mut looks = 0u32;
+    loop {
+        interval.tick().await;
+        let meta_term = status.lock().ok().and_then(|s| {
+            s.iter()
+                .find(|r| r.shard_id == fencelock_placement::META_SHARD_ID && r.is_leader)
+                .map(|r| r.term)
+        });
+        let Some(term) = meta_term else {
+            led_in_term = None;
+            open_before = None;
+            continue;
+        };
+        looks += 1;
+        let open = router.map().and_then(|m| m.migration().map(|m| m.id));
+        let new_leader = led_in_term != Some(term);
+        let stalled = open.is_some() && open == open_before;
+        let sweep = looks.is_multiple_of(RESHARD_SWEEP_EVERY);
+        led_in_term = Some(term);
+        open_before = open;
+        if !(new_leader || stalled || sweep) {
+            continue;
+        }
+        match ops.resume_unless_busy().await {
+            Ok(Some(done)) => tracing::info!(
+                migration_id = done.migration_id,
+                resources = done.resources,
+                "finished a migration left open"
+            ),
+            Ok(None) => {}
+            Err(e) => tracing::warn!("resuming resharding: {}", e.message()),
+        }
+        open_before = router.map().and_then(|m| m.migration().map(|m| m.id));
     }
 }
 
@@ -342,8 +402,14 @@ impl Node {
         );
         let admin = crate::admin::AdminServiceImpl::new(ops.clone());
         // A node without a replica of the meta shard (one added later) gets
-        // the map from its peers: at start, then every few seconds.
+        // the map from its peers: at start, then every few seconds. The meta
+        // leader finishes migrations left open.
         let map_task = tokio::spawn(refresh_map(ops.clone(), status.clone()));
+        let reshard_task = tokio::spawn(watch_migrations(
+            ops.clone(),
+            router.clone(),
+            status.clone(),
+        ));
         let epoch_task = tokio::spawn(advance_epochs(
             ops.clone(),
             status.clone(),
@@ -440,6 +506,7 @@ impl Node {
             status,
             router,
             map_task,
+            reshard_task,
             epoch_task,
             ops,
             metrics,
@@ -571,6 +638,7 @@ impl Node {
     /// SHUTTING_DOWN), flushes and closes the database and the audit log.
     pub async fn shutdown(mut self) {
         self.map_task.abort();
+        self.reshard_task.abort();
         self.epoch_task.abort();
         if let Some(stop) = self.http_stop.take() {
             let _ = stop.send(());
@@ -610,6 +678,7 @@ impl Node {
 impl Drop for Node {
     fn drop(&mut self) {
         self.map_task.abort();
+        self.reshard_task.abort();
         self.epoch_task.abort();
         if let Some(task) = self.http_task.take() {
             task.abort();

@@ -539,6 +539,17 @@ impl Ops {
         reshard::resume(self).await
     }
 
+    /// [`Self::resume`], unless a resharding action runs on this node now
+    /// (`None` then): the meta leader's own look never queues behind, or
+    /// ahead of, an operator's action, which finishes open migrations
+    /// first anyway.
+    pub async fn resume_unless_busy(&self) -> Result<Option<Resharded>, Status> {
+        let Ok(_turn) = self.reshard_turn.try_lock() else {
+            return Ok(None);
+        };
+        reshard::resume(self).await
+    }
+
     /// Finishes the open migration, if any; its result if `same` says it is
     /// the one the caller was about to begin.
     async fn finish_open(
@@ -607,28 +618,9 @@ impl Ops {
     }
 }
 
-/// A call to another node failed without saying why (the connection broke,
-/// the node died): whatever it was asked to do may or may not have happened.
-fn without_detail_is_unknown(status: Status, shard_id: u64, what: &str) -> Status {
-    if ErrorDetail::from_status(&status).is_some() {
-        return status;
-    }
-    ErrorDetail {
-        shard_id,
-        ..ErrorDetail::new(
-            Reason::OutcomeUnknown,
-            format!("{what}: the call failed without an answer ({status})"),
-        )
-    }
-    .to_status()
-}
-
-/// Pauses between tries of a migration step: 50 ms doubling to 1 s, about
-/// [`STEP_TIMEOUT`] in all.
-const RESHARD_MAX_TRIES: u32 = 35;
-
-impl reshard::Cluster for Ops {
-    async fn propose_shard(&self, shard_id: u64, command: Command) -> Result<Reply, Status> {
+impl Ops {
+    /// One attempt of a shard command for [`reshard`], unbounded in time.
+    async fn propose_shard_once(&self, shard_id: u64, command: Command) -> Result<Reply, Status> {
         // No leader in time is not an answer of the shard.
         let (leader, _) = self
             .leader(shard_id)
@@ -649,7 +641,11 @@ impl reshard::Cluster for Ops {
         }
     }
 
-    async fn propose_meta(&self, command: PlacementCommand) -> Result<Arc<PlacementMap>, Status> {
+    /// One attempt of a placement command for [`reshard`], unbounded in time.
+    async fn propose_meta_once(
+        &self,
+        command: PlacementCommand,
+    ) -> Result<Arc<PlacementMap>, Status> {
         let resp = Ops::propose_meta(self, command)
             .await
             .map_err(|e| without_detail_is_unknown(e, META_SHARD_ID, "proposing to the map"))?;
@@ -657,6 +653,66 @@ impl reshard::Cluster for Ops {
             Status::from(ServerError::Internal(format!("map in a meta answer: {e}")))
         })?;
         Ok(Arc::new(map))
+    }
+}
+
+/// A call to another node failed without saying why (the connection broke,
+/// the node died): whatever it was asked to do may or may not have happened.
+fn without_detail_is_unknown(status: Status, shard_id: u64, what: &str) -> Status {
+    if ErrorDetail::from_status(&status).is_some() {
+        return status;
+    }
+    ErrorDetail {
+        shard_id,
+        ..ErrorDetail::new(
+            Reason::OutcomeUnknown,
+            format!("{what}: the call failed without an answer ({status})"),
+        )
+    }
+    .to_status()
+}
+
+/// Pauses between tries of a migration step: 50 ms doubling to 1 s, about
+/// [`STEP_TIMEOUT`] in all when every attempt is answered.
+const RESHARD_MAX_TRIES: u32 = 35;
+/// One attempt of a migration step (finding the leader included) gets this
+/// long; no answer in time is an unknown outcome, tried again. Bounds a
+/// step at about `RESHARD_MAX_TRIES × (this + 1 s)` even against a node
+/// that keeps the connection open and never answers.
+const RESHARD_ATTEMPT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Runs one attempt of a migration step within [`RESHARD_ATTEMPT_TIMEOUT`].
+async fn one_attempt<T>(
+    shard_id: u64,
+    what: &str,
+    call: impl std::future::Future<Output = Result<T, Status>>,
+) -> Result<T, Status> {
+    match tokio::time::timeout(RESHARD_ATTEMPT_TIMEOUT, call).await {
+        Ok(answer) => answer,
+        Err(_) => Err(ErrorDetail {
+            shard_id,
+            ..ErrorDetail::new(
+                Reason::OutcomeUnknown,
+                format!("{what}: no answer within {RESHARD_ATTEMPT_TIMEOUT:?}"),
+            )
+        }
+        .to_status()),
+    }
+}
+
+impl reshard::Cluster for Ops {
+    async fn propose_shard(&self, shard_id: u64, command: Command) -> Result<Reply, Status> {
+        let what = format!("proposing to shard {shard_id}");
+        one_attempt(shard_id, &what, self.propose_shard_once(shard_id, command)).await
+    }
+
+    async fn propose_meta(&self, command: PlacementCommand) -> Result<Arc<PlacementMap>, Status> {
+        one_attempt(
+            META_SHARD_ID,
+            "proposing to the map",
+            self.propose_meta_once(command),
+        )
+        .await
     }
 
     async fn map(&self) -> Result<Arc<PlacementMap>, Status> {
@@ -670,17 +726,20 @@ impl reshard::Cluster for Ops {
         voters: BTreeSet<u64>,
         epoch: u64,
     ) -> Result<(), Status> {
-        let mut c = self.control(node_id)?;
-        c.create_peer(CreatePeerRequest {
-            shard_id,
-            new_shard_voters: voters.into_iter().collect(),
-            epoch,
-        })
-        .await
-        .map(|_| ())
-        .map_err(|e| without_detail_is_unknown(e, shard_id, &format!("node {node_id}")))
+        let what = format!("starting shard {shard_id}'s replica on node {node_id}");
+        let call = async {
+            let mut c = self.control(node_id)?;
+            c.create_peer(CreatePeerRequest {
+                shard_id,
+                new_shard_voters: voters.into_iter().collect(),
+                epoch,
+            })
+            .await
+            .map(|_| ())
+            .map_err(|e| without_detail_is_unknown(e, shard_id, &format!("node {node_id}")))
+        };
+        one_attempt(shard_id, &what, call).await
     }
-
     async fn pending_exports(&self) -> BTreeMap<u64, Vec<u64>> {
         let Some(map) = self.router.map() else {
             return BTreeMap::new();

@@ -97,19 +97,32 @@ fn refused_by_map(status: &Status) -> bool {
 
 /// A step that did not get a definite answer in its time: the migration
 /// stays open, for `reshard resume` or the meta leader to finish.
+///
+/// Always `OUTCOME_UNKNOWN`, whatever the last attempt's reason: steps
+/// before it may have applied, so the last refusal (`LEADER_UNKNOWN`, say)
+/// must not read as "nothing happened".
 fn unfinished(m: u64, what: &str, last: &Status) -> Status {
-    let mut detail = ErrorDetail::from_status(last)
-        .unwrap_or_else(|| ErrorDetail::new(Reason::OutcomeUnknown, last.message()));
+    let last_detail = ErrorDetail::from_status(last);
+    let last_reason = last_detail
+        .as_ref()
+        .map(|d| format!("{:?}: {}", d.reason(), d.message))
+        .unwrap_or_else(|| last.message().to_owned());
     let which = match m {
         0 => "the migration".to_owned(),
         m => format!("migration {m}"),
     };
-    detail.message = format!(
-        "{which}: {what} did not get a definite answer ({}); a migration it opened stays open \
-         and is finished by the meta leader, or by `fencelock admin reshard resume`",
-        detail.message
-    );
-    detail.to_status()
+    ErrorDetail {
+        shard_id: last_detail.map_or(0, |d| d.shard_id),
+        ..ErrorDetail::new(
+            Reason::OutcomeUnknown,
+            format!(
+                "{which}: {what} did not get a definite answer (last: {last_reason}); a \
+                 migration it opened stays open and is finished by the meta leader, or by \
+                 `fencelock admin reshard resume`"
+            ),
+        )
+    }
+    .to_status()
 }
 
 fn ended(m: u64, how: &str, cause: &Status) -> Status {
@@ -257,7 +270,8 @@ async fn end_in_map<C: Cluster>(
                 }
                 tries += 1;
                 if !c.pause(tries).await {
-                    return Err(e);
+                    // The command may have applied: not a refusal to pass on.
+                    return Err(unfinished(m.id, &what, &e));
                 }
             }
         }

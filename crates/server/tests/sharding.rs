@@ -494,3 +494,94 @@ async fn locks_stay_safe_while_slots_replicas_and_leaders_move() {
         assert_eq!(s.replicas.len(), 3, "shard {} keeps 3 replicas", s.shard_id);
     }
 }
+
+/// Issue 17, item 5: a migration whose orchestrator died after the export
+/// (the slots then refuse every request) is finished by the meta shard's
+/// leader on its own — here a new one, after the old leader's node went
+/// away and came back — without any operator command.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_meta_leader_finishes_a_migration_left_open_by_itself() {
+    use fencelock_placement::{PlacementCommand, PlacementMap};
+    use fencelock_server::internal::node_control_client::NodeControlClient;
+    use fencelock_server::internal::ProposeMetaRequest;
+
+    let mut cluster = Cluster::start(3, |_| {}).await;
+    let r = "acme/left-open";
+    let slot = slot_of(&res(r));
+    let held = acquire(&cluster, 1, acquire_req(r, "x", 120_000, 0))
+        .await
+        .unwrap();
+    let from = held.shard_id;
+    let to = if from == 1 { 2 } else { 1 };
+    // An orchestrator records the migration and exports, then dies.
+    let meta_leader = cluster.leader_of(0).unwrap();
+    let mut control = NodeControlClient::connect(cluster.endpoint(meta_leader))
+        .await
+        .unwrap();
+    let begun = control
+        .propose_meta(ProposeMetaRequest {
+            command: PlacementCommand::BeginMigration {
+                from_shard: from,
+                to_shard: to,
+                slots: vec![slot],
+            }
+            .encode(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let source_leader = loop {
+        if let Some(leader) = cluster.leader_of(from) {
+            break leader;
+        }
+        assert!(Instant::now() < deadline, "shard {from} has no leader");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let exported = cluster.nodes[&source_leader]
+        .propose_to_shard(
+            from,
+            Command::ExportSlots {
+                migration_id: begun.migration_id,
+                slots: [slot].into_iter().collect(),
+            },
+        )
+        .await;
+    assert!(
+        matches!(exported, Ok(fencelock_statemachine::Reply::Exported { .. })),
+        "{exported:?}"
+    );
+    // The meta leader's node goes away and comes back: a new meta leader
+    // (or the same one, re-elected) takes over with the migration open.
+    cluster.crash(meta_leader).await;
+    cluster.restart(meta_leader).await;
+    let deadline = Instant::now() + Duration::from_secs(45);
+    loop {
+        let shards = cluster
+            .admin(1 + meta_leader % 3)
+            .await
+            .list_shards(ListShardsRequest::default())
+            .await
+            .map(|r| r.into_inner());
+        if let Ok(s) = shards {
+            if s.migration_id == 0 {
+                break;
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "migration {} still open after 45 s",
+            begun.migration_id
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // Committed: the map routes the slot to the target, which holds the
+    // lease; nothing else is needed.
+    let routed: std::sync::Arc<PlacementMap> = (cluster.nodes.values())
+        .filter_map(|n| n.router().map())
+        .max_by_key(|m| m.version())
+        .unwrap();
+    assert_eq!(routed.shard_of_slot(slot), to);
+    let renewed = renew(&cluster, 1, r, &held.lease_id).await;
+    assert!(renewed.is_ok(), "{renewed:?}");
+}

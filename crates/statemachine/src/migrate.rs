@@ -142,24 +142,33 @@ impl LockTable {
         allowance_ms: u64,
         ctx: &ApplyContext,
     ) -> Result<Reply, LockError> {
-        if migration_id != 0 && self.later_than(migration_id) {
+        // The source taking its own kept export back (a roll-back after the
+        // target was closed without it, or a leftover an older orchestrator
+        // abandoned): allowed whatever happened here since, because the
+        // export says these slots left this shard in this migration and
+        // nobody else imported them (the orchestrator decides a take-back
+        // only from the target's close, or from a map that still routes
+        // them here). Checked first: the shard may have taken part in later
+        // migrations of other slots meanwhile.
+        let own_export = self.exports.get(&migration_id).map(|e| e.slots);
+        let taking_back = migration_id != 0 && own_export == Some(*slots);
+        if taking_back && slots.is_subset(&self.owned) {
+            // Taken back before: nothing to do.
+            return Ok(Reply::Imported { resources: 0 });
+        }
+        if !taking_back && migration_id != 0 && self.later_than(migration_id) {
             // This shard already took part in a later migration: this one
             // has ended, whatever the caller believes.
             return Err(closed(migration_id));
         }
-        if migration_id != 0 && migration_id <= self.last_imported_migration {
+        if !taking_back && migration_id != 0 && migration_id <= self.last_imported_migration {
             if slots.is_subset(&self.owned) {
                 // Imported before (or the slots are this shard's anyway):
                 // nothing to do.
                 return Ok(Reply::Imported { resources: 0 });
             }
-            // Settled here without these slots: only the source may still
-            // take its own kept export back (a roll-back after the target
-            // was closed).
-            let own_export = self.exports.get(&migration_id).map(|e| e.slots);
-            if own_export != Some(*slots) {
-                return Err(closed(migration_id));
-            }
+            // Settled here without these slots, and not a take-back.
+            return Err(closed(migration_id));
         }
         if migration_id == 0 || slots.is_empty() || allowance_ms > MAX_CLOCK_OFFSET_ALLOWANCE_MS {
             return Err(LockError::InvalidCommand {

@@ -344,6 +344,38 @@ fn a_target_closed_before_the_import_refuses_it_for_good_and_the_source_takes_it
     assert!(src.table.owns(&r));
 }
 
+/// docs/safety.md 7d: a source left keeping the export of a migration an
+/// older orchestrator abandoned takes it back even after it took part in
+/// later migrations of other slots (which settle every older id on it).
+#[test]
+fn a_source_takes_its_kept_export_back_after_later_migrations_of_other_slots() {
+    let (mut src, mut dst) = pair();
+    let r = name("acme/jobs/left-behind");
+    let slot = only(slot_of(&r));
+    src.acquire(&r, "h", 1, 0).unwrap();
+    let data = src.export(5, slot).unwrap();
+    // Later migrations on the source: one out, one back in, of other slots.
+    let other = only(slot_of(&r) ^ 1);
+    let out = src.export(6, other).unwrap();
+    dst.import(6, 7, other, out).unwrap();
+    let back = dst.export(8, other).unwrap();
+    src.import(8, 9, other, back).unwrap();
+    src.apply(Command::DropExport { migration_id: 6 }).unwrap();
+    assert_eq!(close(&mut src, 5, slot), (Some(slot), false));
+    // The take-back at a fresh epoch goes through, with the lease intact.
+    src.import(5, 10, slot, data.clone()).unwrap();
+    assert!(src.table.owns(&r));
+    assert_eq!(src.table.epoch(), 10);
+    assert_eq!(src.table.view(&r).unwrap().lease_id, LeaseId([1; 16]));
+    // Repeating it changes nothing; nobody else may import migration 5.
+    assert_eq!(
+        src.import(5, 10, slot, data.clone()).unwrap(),
+        Reply::Imported { resources: 0 }
+    );
+    let err = dst.import(5, 11, slot, data).unwrap_err();
+    assert!(matches!(err, LockError::MigrationRefused { .. }), "{err:?}");
+}
+
 /// A source closed before it exported never exports that migration, and an
 /// import closed after it applied reports the slots as served.
 #[test]

@@ -960,7 +960,10 @@ fn a_stale_orchestrator_never_gives_back_slots_that_moved_on() {
                 clock_offset_allowance_ms: super::world::CLOCK_OFFSET_ALLOWANCE_MS,
             },
         ));
-        assert!(matches!(imported, Ok(Reply::Imported { .. })), "{imported:?}");
+        assert!(
+            matches!(imported, Ok(Reply::Imported { .. })),
+            "{imported:?}"
+        );
         block_on(cluster.propose_meta(PlacementCommand::CommitMigration {
             migration_id: stale.id,
         }))

@@ -414,6 +414,7 @@ pub async fn run(args: AdminArgs) -> u8 {
             EXIT_OK
         }
         Err(status) => {
+            let status = without_answer_is_unknown(status);
             let detail = fencelock_api::v1::ErrorDetail::from_status(&status);
             let reason = detail
                 .as_ref()
@@ -483,4 +484,24 @@ fn table(rows: &[Object]) -> String {
         out.push_str(&line(row.iter().map(String::as_str).collect()));
     }
     out
+}
+
+/// A call that broke off without an answer (the node running the action
+/// died mid-way, the connection dropped) did an unknown part of its work:
+/// say so with a reason, as every other failure does.
+fn without_answer_is_unknown(status: tonic::Status) -> tonic::Status {
+    use fencelock_api::v1::{ErrorDetail, Reason};
+    if ErrorDetail::from_status(&status).is_some() || status.code() == tonic::Code::Unavailable {
+        return status;
+    }
+    ErrorDetail::new(
+        Reason::OutcomeUnknown,
+        format!(
+            "the node running the action gave no answer ({}); it may be partly done. Look \
+             with `fencelock admin shards` and run it again (every step checks what is \
+             already done); an interrupted migration is finished by the meta leader on its own",
+            status.message()
+        ),
+    )
+    .to_status()
 }
