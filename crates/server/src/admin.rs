@@ -7,7 +7,8 @@ use fencelock_api::v1::{
     DrainNodeRequest, DrainNodeResponse, HotResource, HotResourcesRequest, HotResourcesResponse,
     ListNodesRequest, ListNodesResponse, ListShardsRequest, ListShardsResponse, MoveReplicaRequest,
     MoveReplicaResponse, Node, NodeState, Replica, ReplicaRole, ReshardRequest, ReshardResponse,
-    Shard, SlotRange, TransferLeaderRequest, TransferLeaderResponse,
+    Shard, SlotRange, TransferLeaderRequest, TransferLeaderResponse, UndrainNodeRequest,
+    UndrainNodeResponse,
 };
 use fencelock_placement::{NodeState as PlacedState, META_SHARD_ID, SLOT_COUNT};
 use tonic::{Request, Response, Status};
@@ -216,12 +217,29 @@ impl AdminService for AdminServiceImpl {
         }))
     }
 
+    async fn undrain_node(
+        &self,
+        request: Request<UndrainNodeRequest>,
+    ) -> Result<Response<UndrainNodeResponse>, Status> {
+        let _turn = self.one_at_a_time.lock().await;
+        let map_version = self
+            .ops
+            .undrain(request.into_inner().node_id)
+            .await
+            .map_err(detailed)?;
+        Ok(Response::new(UndrainNodeResponse { map_version }))
+    }
+
     async fn drain_node(
         &self,
         request: Request<DrainNodeRequest>,
     ) -> Result<Response<DrainNodeResponse>, Status> {
         let _turn = self.one_at_a_time.lock().await;
-        let moved = self.ops.drain(request.into_inner().node_id).await?;
+        let moved = self
+            .ops
+            .drain(request.into_inner().node_id)
+            .await
+            .map_err(detailed)?;
         let map = self.ops.fresh_map().await?;
         Ok(Response::new(DrainNodeResponse {
             map_version: map.version(),

@@ -286,6 +286,23 @@ impl Ops {
 
     /// Moves leadership of `shard_id` to `to` and waits until it serves.
     pub async fn transfer_leader(&self, shard_id: u64, to: u64) -> Result<u64, Status> {
+        // Arguments are checked against the map before waiting on anything:
+        // a shard or node that does not exist is refused at once.
+        let map = self.fresh_map().await?;
+        if map.shard(shard_id).is_none() {
+            return Err(ServerError::Placement(
+                fencelock_placement::PlacementError::UnknownShard { shard_id },
+            )
+            .into());
+        }
+        if map.node(to).is_none() {
+            return Err(
+                ServerError::Placement(fencelock_placement::PlacementError::UnknownNode {
+                    node_id: to,
+                })
+                .into(),
+            );
+        }
         let deadline = Instant::now() + STEP_TIMEOUT;
         loop {
             let (leader, status) = self.leader(shard_id).await?;
@@ -496,13 +513,32 @@ impl Ops {
 
     /// Empties `node_id` of replicas and leaderships.
     pub async fn drain(&self, node_id: u64) -> Result<Moved, Status> {
+        // Plan first (the planner plans as if the node were draining): a
+        // drain it refuses changes nothing, the node stays as it was.
+        let view = self.view().await?;
+        let before = view.nodes.get(&node_id).copied();
+        plan_drain(&view, node_id).map_err(ServerError::Placement)?;
         self.propose_meta(PlacementCommand::SetNodeState {
             node_id,
             state: NodeState::Draining,
         })
         .await?;
+        // The map may have changed in between: plan again on the new one.
         let view = self.view().await?;
-        let plan = plan_drain(&view, node_id).map_err(ServerError::Placement)?;
+        let plan = match plan_drain(&view, node_id) {
+            Ok(plan) => plan,
+            Err(e) => {
+                if before == Some(NodeState::Up) {
+                    // Nothing moved yet: put the node back as it was.
+                    self.propose_meta(PlacementCommand::SetNodeState {
+                        node_id,
+                        state: NodeState::Up,
+                    })
+                    .await?;
+                }
+                return Err(ServerError::Placement(e).into());
+            }
+        };
         let moved = self.execute(plan).await?;
         self.propose_meta(PlacementCommand::SetNodeState {
             node_id,
@@ -510,6 +546,18 @@ impl Ops {
         })
         .await?;
         Ok(moved)
+    }
+
+    /// Makes a draining or drained node UP again (cancels a drain). Moves
+    /// nothing: `balance` brings replicas back.
+    pub async fn undrain(&self, node_id: u64) -> Result<u64, Status> {
+        let resp = self
+            .propose_meta(PlacementCommand::SetNodeState {
+                node_id,
+                state: NodeState::Up,
+            })
+            .await?;
+        Ok(map_version(&resp))
     }
 
     /// Moves `slots` from shard `from` to shard `to` (after finishing any

@@ -574,6 +574,9 @@ impl LockServiceImpl {
         let forwarding = may_forward(&request);
         let req = request.into_inner();
         let resource = resource(&req.resource)?;
+        resource
+            .check_new()
+            .map_err(|e| ServerError::Lock(LockError::InvalidResource(e)))?;
         self.authorize(&resource, Access::Lock)?;
         let request_id = RequestId::new(req.request_id.clone()).map_err(ServerError::Lock)?;
         let lease_ttl_ms = if req.lease_ttl_ms == 0 {

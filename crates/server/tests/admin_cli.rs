@@ -108,6 +108,42 @@ fn operator_reshapes_a_running_cluster_with_the_admin_cli() {
     let shards = admin(&endpoint, &["shards"]);
     assert_eq!(shards.matches("\"shard_id\":").count(), 5, "{shards}");
 
+    // Issue 24: with three nodes and three replicas per shard a drain has
+    // nowhere to go. It is refused and changes nothing: the node stays UP
+    // (it used to stay DRAINING for good) and later actions still work.
+    let refused = fencelock(&[
+        "admin",
+        "--endpoint",
+        &endpoint,
+        "--output",
+        "json",
+        "drain",
+        "--node",
+        "2",
+    ]);
+    assert!(!refused.status.success());
+    let said = String::from_utf8_lossy(&refused.stdout).into_owned()
+        + &String::from_utf8_lossy(&refused.stderr);
+    assert!(said.contains("PLACEMENT_CONFLICT"), "{said}");
+    let nodes = admin(&endpoint, &["nodes"]);
+    assert_eq!(nodes.matches("\"state\":\"UP\"").count(), 3, "{nodes}");
+
+    // Issue 24: arguments are checked against the map before anything
+    // waits (a missing shard used to hang 30 s, then say EPOCH_NOT_MATCH).
+    for (args, reason) in [
+        (["--shard", "99", "--to", "1"], "SHARD_NOT_FOUND"),
+        (["--shard", "1", "--to", "99"], "NODE_NOT_FOUND"),
+    ] {
+        let mut all = vec!["admin", "--endpoint", &endpoint, "--output", "json"];
+        all.push("transfer-leader");
+        all.extend_from_slice(&args);
+        let out = fencelock(&all);
+        assert!(!out.status.success());
+        let said = String::from_utf8_lossy(&out.stdout).into_owned()
+            + &String::from_utf8_lossy(&out.stderr);
+        assert!(said.contains(reason), "{args:?}: {said}");
+    }
+
     // Leadership: to node 1, then to node 2 (at least one is a real move).
     assert!(
         admin(&endpoint, &["transfer-leader", "--shard", "1", "--to", "1"])
@@ -182,6 +218,20 @@ fn operator_reshapes_a_running_cluster_with_the_admin_cli() {
     );
     let shards = admin(&endpoint, &["shards"]);
     assert_eq!(shards.matches("\"shard_id\":").count(), 6, "{shards}");
+
+    // Maintenance over: node 2 is UP again and balancing gives it replicas.
+    let undrained = admin(&endpoint, &["undrain", "--node", "2"]);
+    assert!(undrained.contains("\"node_id\":2"), "{undrained}");
+    admin(&endpoint, &["balance"]);
+    let nodes = admin(&endpoint, &["nodes"]);
+    assert_eq!(nodes.matches("\"state\":\"UP\"").count(), 4, "{nodes}");
+    let listed: serde_json::Value = serde_json::from_str(&nodes).unwrap();
+    let node2 = listed["nodes"]
+        .as_array()
+        .and_then(|all| all.iter().find(|n| n["node_id"] == 2))
+        .cloned()
+        .unwrap_or_else(|| panic!("node 2 listed: {nodes}"));
+    assert!(node2["replicas"].as_u64() > Some(0), "{nodes}");
 
     // The cluster still serves; the first lock is still held.
     assert!(acquire_ok(&endpoint, "acme/admin/after"));

@@ -333,6 +333,24 @@ async fn acquire_committed_but_reply_lost_is_retried_with_the_same_request_id() 
     assert_eq!(g.fencing_token, retry.fencing_token);
 }
 
+/// lock.proto promises one spelling per lock: a name with a `.` or `..`
+/// path segment, which a protected system normalising paths would see as
+/// another name's thing, is refused for a new lock (issue 24).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn names_with_dot_segments_are_refused_for_new_locks() {
+    let cluster = Cluster::start(3, |_| {}).await;
+    for bad in ["acme/jobs/../x", "acme/./x", "acme/x/.."] {
+        let e = acquire(&cluster, 1, acquire_req(bad, "dots", 10_000, 0))
+            .await
+            .expect_err(bad);
+        assert_eq!(e.reason(), Reason::InvalidResource, "{bad}: {e:?}");
+        assert!(e.message.contains("`.` or `..`"), "{bad}: {}", e.message);
+    }
+    acquire(&cluster, 1, acquire_req("acme/jobs..x", "dots", 10_000, 0))
+        .await
+        .expect("dots inside a segment are fine");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn lease_never_expires_earlier_than_its_ttl_after_the_last_renew_across_a_leader_change() {
     let mut cluster = Cluster::start(3, |_| {}).await;

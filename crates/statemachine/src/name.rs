@@ -33,6 +33,11 @@ pub enum NameError {
     EmptySegment {
         pos: usize,
     },
+    /// A path segment is `.` or `..` (refused for new locks only; see
+    /// [`ResourceName::check_new`]).
+    DotSegment {
+        pos: usize,
+    },
 }
 
 impl std::fmt::Display for NameError {
@@ -50,6 +55,11 @@ impl std::fmt::Display for NameError {
                 char::from(*byte).escape_default()
             ),
             NameError::EmptySegment { pos } => write!(f, "empty path segment at byte {pos}"),
+            NameError::DotSegment { pos } => write!(
+                f,
+                "path segment at byte {pos} is `.` or `..`; a system that normalises paths \
+                 would see another name for the same thing"
+            ),
         }
     }
 }
@@ -69,6 +79,25 @@ impl ResourceName {
 
     pub fn as_str(&self) -> &str {
         &self.0
+    }
+
+    /// The rules a name must also meet to start a new lock, on top of
+    /// [`Self::parse`]: no `.` or `..` path segment (a protected system
+    /// that normalises paths would see `a/x/../y` and `a/y` as one thing,
+    /// while they are two locks here). Checked where acquires enter the
+    /// service, not in `parse`: names already in logs, snapshots and
+    /// exports (from before the rule) must still load, and their holders
+    /// can still renew and release them.
+    pub fn check_new(&self) -> Result<(), NameError> {
+        let path_start = self.tenant().len() + 1;
+        let mut pos = path_start;
+        for segment in self.0[path_start..].split('/') {
+            if segment == "." || segment == ".." {
+                return Err(NameError::DotSegment { pos });
+            }
+            pos += segment.len() + 1;
+        }
+        Ok(())
     }
 
     /// The tenant prefix (before the first `/`).
@@ -153,6 +182,34 @@ mod tests {
             ResourceName::parse("acme/orders/42").unwrap().tenant(),
             "acme"
         );
+    }
+
+    #[test]
+    fn dot_segments_are_refused_for_new_locks_only() {
+        for (bad, pos) in [
+            ("acme/..", 5),
+            ("acme/.", 5),
+            ("acme/a/../b", 7),
+            ("acme/a/./b", 7),
+            ("acme/a/..", 7),
+        ] {
+            let name = ResourceName::parse(bad).expect("still a name that loads");
+            assert_eq!(
+                name.check_new(),
+                Err(NameError::DotSegment { pos }),
+                "{bad}"
+            );
+        }
+        for ok in [
+            "acme/a..b",
+            "acme/.a",
+            "acme/a./b",
+            "acme/...",
+            "acme/x/.../y",
+        ] {
+            let name = ResourceName::parse(ok).unwrap();
+            assert_eq!(name.check_new(), Ok(()), "{ok}");
+        }
     }
 
     #[test]

@@ -9,6 +9,7 @@ use fencelock_api::v1::{
     reshard_request, AddNodeRequest, BalanceRequest, DrainNodeRequest, HotResourcesRequest,
     ListNodesRequest, ListShardsRequest, MoveReplicaRequest, MoveSlots, NodeState, ReplicaRole,
     ReshardRequest, ResumeMigration, SlotRange, SplitShard, TransferLeaderRequest,
+    UndrainNodeRequest,
 };
 
 use super::client::{endpoint_url, exit_code};
@@ -70,6 +71,12 @@ enum AdminCommand {
     Balance,
     /// Move every replica and leadership off a node before maintenance.
     Drain {
+        #[arg(long, value_name = "NODE")]
+        node: u64,
+    },
+    /// Cancel a drain: the node is UP again (nothing moves back by itself;
+    /// run `balance` to give it replicas).
+    Undrain {
         #[arg(long, value_name = "NODE")]
         node: u64,
     },
@@ -319,6 +326,17 @@ pub async fn run(args: AdminArgs) -> u8 {
                         .with("replicas_moved", r.replicas_moved)
                         .with("leaders_moved", r.leaders_moved)
                         .with("map_version", r.map_version),
+                )
+            }),
+        AdminCommand::Undrain { node } => admin
+            .undrain_node(UndrainNodeRequest { node_id: node })
+            .await
+            .map(|r| {
+                single(
+                    Object::new()
+                        .with("ok", true)
+                        .with("node_id", node)
+                        .with("map_version", r.into_inner().map_version),
                 )
             }),
         AdminCommand::AddNode { id, addr } => admin
