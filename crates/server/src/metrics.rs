@@ -386,7 +386,7 @@ pub struct NodeSnapshot {
     pub transport_messages_total: u64,
     pub audit_lines_total: u64,
     pub audit_dropped_total: u64,
-    pub engine_memory: fencelock_raftstore::EngineMemory,
+    pub engine_memory: fencelock_storage::EngineMemory,
     /// The process's resident set size.
     pub resident_bytes: u64,
 }
@@ -897,7 +897,7 @@ mod tests {
                 snapshot_bytes: 4096,
                 ..Default::default()
             }],
-            engine_memory: fencelock_raftstore::EngineMemory {
+            engine_memory: fencelock_storage::EngineMemory {
                 memtable_bytes: 1 << 20,
                 ..Default::default()
             },

@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 
 use fencelock_api::v1::lock_service_server::LockServiceServer;
-use fencelock_raftstore::RocksEngine;
+use fencelock_storage::RocksEngine;
 use tokio::sync::oneshot;
 use tonic::service::interceptor::InterceptedService;
 

@@ -13,7 +13,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use fencelock_placement::PlacementMap;
-use fencelock_raftstore::MemEngine;
 use fencelock_server::audit::AuditLog;
 use fencelock_server::config::NodeConfig;
 use fencelock_server::metrics::Metrics;
@@ -22,6 +21,7 @@ use fencelock_server::store::{
     Clock, Observers, PeerSink, ShardStatus, SimFault, Store, StoreIo, StoreMsg,
 };
 use fencelock_server::transport::Envelope;
+use fencelock_storage::MemEngine;
 use rand::rngs::StdRng;
 use rand::Rng;
 

@@ -11,7 +11,7 @@
 use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
-use fencelock_raftstore::Engine;
+use fencelock_storage::Engine;
 
 use crate::transport::{Envelope, Transport};
 

@@ -50,11 +50,11 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender};
 use fencelock_placement::{PlacementCommand, PlacementMap, PlacementReply, META_SHARD_ID};
-use fencelock_raftstore::{Engine, RocksEngine, ShardStorage, WriteBatch};
 use fencelock_statemachine::{
     slot_of, AcquireReply, AcquireStatus, ApplyContext, Command, Event, LeaseId, LockError,
     LockTable, LockView, Reply, ResourceName, SlotSet, WaitEnd,
 };
+use fencelock_storage::{Engine, RocksEngine, ShardStorage, WriteBatch};
 use raft::prelude::{Entry, EntryType, Message};
 use raft::{RawNode, StateRole};
 use tokio::sync::oneshot;
@@ -446,7 +446,7 @@ impl Store {
         router: Arc<Router>,
         obs: Observers,
     ) -> Result<Store, ServerError> {
-        use fencelock_raftstore::meta;
+        use fencelock_storage::meta;
         let StoreIo {
             engine,
             sink,
@@ -464,7 +464,7 @@ impl Store {
                 }
             });
         }
-        let storage_err = |e: fencelock_raftstore::Error| ServerError::Storage(e.to_string());
+        let storage_err = |e: fencelock_storage::Error| ServerError::Storage(e.to_string());
         let node_id = config.node_id;
         let ident = meta::load_ident(engine.as_ref()).map_err(storage_err)?;
         if ident.is_none() {
@@ -557,7 +557,7 @@ impl Store {
         shard_id: u64,
         storage: ShardStorage<dyn Engine>,
     ) -> Result<(), ServerError> {
-        let storage_err = |e: fencelock_raftstore::Error| ServerError::Storage(e.to_string());
+        let storage_err = |e: fencelock_storage::Error| ServerError::Storage(e.to_string());
         // The saved snapshot's size is reported as the shard's snapshot
         // bytes from the start, not only after the next one is taken.
         let (table, placement, applied, applied_term, snapshot_bytes) = match storage
@@ -879,11 +879,11 @@ impl Store {
         if self.peers.contains_key(&shard_id) {
             return Ok(());
         }
-        let storage_err = |e: fencelock_raftstore::Error| ServerError::Storage(e.to_string());
+        let storage_err = |e: fencelock_storage::Error| ServerError::Storage(e.to_string());
         let mut batch = WriteBatch::new();
         let mut storage = match init {
             PeerInit::Empty => {
-                fencelock_raftstore::meta::register_shard(&mut batch, shard_id);
+                fencelock_storage::meta::register_shard(&mut batch, shard_id);
                 ShardStorage::open(self.engine.clone(), shard_id).map_err(storage_err)?
             }
             PeerInit::NewShard { voters, epoch } => {
@@ -936,7 +936,7 @@ impl Store {
             .mut_store()
             .destroy(&mut batch)
             .map_err(|e| ServerError::Storage(e.to_string()))?;
-        fencelock_raftstore::meta::unregister_shard(&mut batch, shard_id);
+        fencelock_storage::meta::unregister_shard(&mut batch, shard_id);
         self.write_or_die(&batch, true);
         peer.raw.mut_store().on_persisted();
         tracing::info!(shard_id, "replica destroyed");
@@ -2134,7 +2134,7 @@ fn take_snapshot(peer: &mut Peer, interval: u64, batch: &mut WriteBatch) {
 /// state that raft-rs has already moved past): the node stops, as for a
 /// refused `Ready` or a failed write, and restarts from what is on disk,
 /// rather than carry on with a write silently missing.
-fn staged_or_die(shard_id: u64, what: &str, staged: fencelock_raftstore::Result<()>) {
+fn staged_or_die(shard_id: u64, what: &str, staged: fencelock_storage::Result<()>) {
     #[cfg(test)]
     let staged = tests::refusal(what).map_or(staged, Err);
     if let Err(e) = staged {
@@ -2194,8 +2194,8 @@ fn bootstrap_batch(
     placement: Option<&PlacementMap>,
     batch: &mut WriteBatch,
 ) -> Result<ShardStorage<dyn Engine>, ServerError> {
-    let storage_err = |e: fencelock_raftstore::Error| ServerError::Storage(e.to_string());
-    fencelock_raftstore::meta::register_shard(batch, shard_id);
+    let storage_err = |e: fencelock_storage::Error| ServerError::Storage(e.to_string());
+    fencelock_storage::meta::register_shard(batch, shard_id);
     let mut st = ShardStorage::open(engine.clone(), shard_id).map_err(storage_err)?;
     let mut snap = raft::prelude::Snapshot::default();
     snap.set_data(encode_state(table, placement).into());

@@ -7,8 +7,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use fencelock_raftstore::MemEngine;
 use fencelock_statemachine::{Command, LeaseId, Owner, ResourceName};
+use fencelock_storage::MemEngine;
 
 use super::*;
 use crate::audit::AuditLog;
@@ -20,9 +20,9 @@ thread_local! {
 }
 
 /// A refusal for the staging of `what`, if a test armed one.
-pub(super) fn refusal(what: &str) -> Option<fencelock_raftstore::Error> {
+pub(super) fn refusal(what: &str) -> Option<fencelock_storage::Error> {
     let armed = REFUSE.with(Cell::get)?;
-    (armed == what).then(|| fencelock_raftstore::Error::InvalidState {
+    (armed == what).then(|| fencelock_storage::Error::InvalidState {
         shard_id: 0,
         reason: format!("the test refuses {what}"),
     })

@@ -12,8 +12,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use fencelock_raftstore::meta::{self, NodeIdent};
-use fencelock_raftstore::{Engine, MemEngine, RocksEngine, ShardStorage, WriteBatch};
+use fencelock_storage::meta::{self, NodeIdent};
+use fencelock_storage::{Engine, MemEngine, RocksEngine, ShardStorage, WriteBatch};
 use raft::prelude::{ConfState, Entry, EntryType, Message, MessageType};
 use raft::{Config, RawNode, SnapshotStatus, StateRole, Storage};
 
