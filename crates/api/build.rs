@@ -5,6 +5,12 @@
 //! descriptor set, `tonic-prost-build` generates the prost messages and the
 //! tonic clients and servers (`$OUT_DIR/fencelock.v1.rs`), and the same
 //! descriptor set, encoded, becomes `FILE_DESCRIPTOR_SET` for gRPC reflection.
+//!
+//! It also compiles the internal peer protocol in `proto/fencelock/internal/`
+//! (package `fencelock.internal.v1`: Raft message streams between nodes and
+//! the `NodeControl` service), so that the transport, the server and the
+//! tests share one generated copy. Internal protos are not in the
+//! reflection descriptor set: they are not part of the public contract.
 
 use std::error::Error;
 use std::path::{Path, PathBuf};
@@ -12,6 +18,8 @@ use std::path::{Path, PathBuf};
 /// The protobuf package this crate compiles, as a directory under the proto
 /// root. Every `.proto` file in it is compiled.
 const PACKAGE_DIR: &str = "fencelock/v1";
+/// The internal protocol's directory under the proto root.
+const INTERNAL_PACKAGE_DIR: &str = "fencelock/internal";
 
 /// Where `FILE_DESCRIPTOR_SET` is written, relative to `OUT_DIR`.
 const DESCRIPTOR_FILE: &str = "fencelock_v1_descriptor.bin";
@@ -43,6 +51,20 @@ fn main() -> Result<(), Box<dyn Error>> {
         compiler.encode_file_descriptor_set(),
     )?;
 
+    tonic_prost_build::configure()
+        .build_client(true)
+        .build_server(true)
+        .compile_fds(compiler.file_descriptor_set())?;
+
+    // The internal protocol, compiled on its own: it imports nothing from
+    // the public package, and stays out of FILE_DESCRIPTOR_SET.
+    let internal: Vec<PathBuf> = proto_files(&proto_root.join(INTERNAL_PACKAGE_DIR))?
+        .iter()
+        .map(|f| Path::new(INTERNAL_PACKAGE_DIR).join(f))
+        .collect();
+    let mut compiler = protox::Compiler::new([&proto_root])?;
+    compiler.include_source_info(true).include_imports(true);
+    compiler.open_files(&internal)?;
     tonic_prost_build::configure()
         .build_client(true)
         .build_server(true)

@@ -11,10 +11,15 @@
 //!   [`ErrorDetail`](v1::ErrorDetail) travels in a [`tonic::Status`] and is
 //!   read back.
 //! - [`FILE_DESCRIPTOR_SET`]: the encoded descriptors, for gRPC reflection.
+//! - [`headers`]: the request metadata keys nodes and clients agree on.
+//! - [`internal`]: the internal peer protocol (Raft message streams, the
+//!   `NodeControl` service), generated from `proto/fencelock/internal/`:
+//!   not a public contract, but one copy for every crate that speaks it.
 //!
 //! It knows nothing of the state machine or the servers: mapping internal
 //! errors onto [`Reason`](v1::Reason) belongs to the server crate.
 
+pub mod headers;
 pub mod status;
 
 /// Package `fencelock.v1`: generated from `proto/fencelock/v1/`.
@@ -27,3 +32,9 @@ pub mod v1 {
 /// registering with a gRPC reflection service.
 pub const FILE_DESCRIPTOR_SET: &[u8] =
     include_bytes!(concat!(env!("OUT_DIR"), "/fencelock_v1_descriptor.bin"));
+
+/// Package `fencelock.internal.v1`: generated from
+/// `proto/fencelock/internal/` (node-to-node only).
+pub mod internal {
+    tonic::include_proto!("fencelock.internal.v1");
+}

@@ -55,7 +55,6 @@ pub mod store;
 pub mod transport;
 pub mod validate;
 
-/// Generated code of the internal peer protocol (`proto/fencelock/internal`).
-pub mod internal {
-    tonic::include_proto!("fencelock.internal.v1");
-}
+/// Generated code of the internal peer protocol (`proto/fencelock/internal`),
+/// compiled by the api crate.
+pub use fencelock_api::internal;

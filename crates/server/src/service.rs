@@ -40,20 +40,15 @@ use crate::metrics::{Metrics, Op, Outcome};
 use crate::peers::PeerChannels;
 use crate::router::Router;
 use crate::security::rate::TenantRateLimiter;
-use crate::security::{identity_of, relayed_of, Identity, IDENTITY_HEADER};
+use crate::security::{identity_of, relayed_of, Identity};
 use crate::store::{Caller, Responder, StoreMsg, StoreSender};
 use crate::validate::{lease_id, resource};
+use fencelock_api::headers::IDENTITY_HEADER;
 
-/// Metadata key marking a request that must be served where it lands (set
-/// on forwarded requests, and by clients that do their own routing).
-pub const FORWARDED_HEADER: &str = "x-fencelock-forwarded";
+pub use fencelock_api::headers::{CALLER_HEADER, FORWARDED_HEADER};
 /// Nodes one request may be forwarded through: the node the map names,
 /// then the leader that node names.
 pub const MAX_FORWARD_HOPS: usize = 2;
-/// Metadata key a forwarding node sets to the address of the client it is
-/// forwarding for: the audit log's `caller`. Its presence also marks the
-/// request as counted already (metrics are kept where the client called).
-pub const CALLER_HEADER: &str = "x-fencelock-caller";
 /// Longest caller value taken from [`CALLER_HEADER`]: an address, not a
 /// story (the header is client-settable).
 pub const MAX_CALLER_LEN: usize = 64;

@@ -39,10 +39,8 @@ use crate::error::BenchError;
 use crate::outcome::{OpError, Outcome};
 
 /// The metadata key that asks a node to serve a request itself (answering
-/// NOT_LEADER with a hint) rather than forward it. Mirrors
-/// `fencelock_server::service::FORWARDED_HEADER`, which this crate does not
-/// link.
-const SERVE_HERE_HEADER: &str = "x-fencelock-forwarded";
+/// NOT_LEADER with a hint) rather than forward it.
+const SERVE_HERE_HEADER: &str = fencelock_api::headers::FORWARDED_HEADER;
 /// Redirects one attempt may follow before it re-reads the placement.
 const MAX_REDIRECTS: u32 = 3;
 /// Duration histogram of a node's synced RocksDB writes (one per store-loop

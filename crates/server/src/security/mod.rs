@@ -34,10 +34,7 @@ use tonic::{Request, Status};
 pub use identity::{Identity, IdentityError};
 pub use tls::{PeerTls, TlsMaterial};
 
-/// Metadata key in which a node forwarding a client's request passes the
-/// client's identity URI. Trusted only from a peer whose certificate is a
-/// node's; anyone else sending it is refused.
-pub const IDENTITY_HEADER: &str = "x-fencelock-identity";
+pub use fencelock_api::headers::IDENTITY_HEADER;
 /// Mode of the data directory: owner only. The lock state, lease ids and
 /// audit trail are in there.
 pub const DATA_DIR_MODE: u32 = 0o700;
@@ -133,7 +130,7 @@ impl tonic::service::Interceptor for Gate {
         } else {
             request
                 .metadata()
-                .contains_key(crate::service::CALLER_HEADER)
+                .contains_key(fencelock_api::headers::CALLER_HEADER)
         };
         request.extensions_mut().insert(identity);
         request.extensions_mut().insert(Relayed(relayed));
