@@ -33,7 +33,7 @@ have_pg_server() {
 have_pg_server || missing+=(postgresql)
 
 # Python gRPC packages for the Python client example and its test
-# (crates/server/tests/python_client.rs), from pip at the versions pinned in
+# (crates/server/tests/external/python_client.rs), from pip at the versions pinned in
 # examples/python/requirements.txt: Debian's python3-grpc-tools (1.14) is far
 # older than its python3-grpcio (1.51) and generates code the protobuf
 # runtime beside them rejects. A no-op when the pins are already installed.
@@ -48,11 +48,11 @@ elif ! PIP_ROOT_USER_ACTION=ignore python3 -m pip install --quiet --disable-pip-
   echo "warning: could not install the Python gRPC packages; install them with: $python_install" >&2
 fi
 
-# promtool (Debian package `prometheus`): tests/deploy.rs checks the alert
+# promtool (Debian package `prometheus`): tests/real_process/deploy.rs checks the alert
 # rules and the Prometheus config in deploy/prometheus/ with it.
 command -v promtool >/dev/null || missing+=(prometheus)
 
-# Headless Chromium: tests/status_page.rs loads the operator status page in
+# Headless Chromium: tests/real_process/status_page.rs loads the operator status page in
 # it and reads the values the page shows.
 command -v chromium >/dev/null || missing+=(chromium)
 

@@ -12,7 +12,7 @@ in the `grpc-status-details-bin` trailer).
         demo acme/orders/42
 
 `demo` prints one line per step, `event=<name> key=value ...`, which
-crates/server/tests/python_client.rs checks against a real cluster. The
+crates/server/tests/external/python_client.rs checks against a real cluster. The
 `Client` class is the part to copy into an application.
 """
 

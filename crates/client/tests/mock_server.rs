@@ -1,7 +1,7 @@
 //! The client against scripted fake nodes on real loopback sockets: routing,
 //! the retry contract, batching of renewals, the stop-by deadline and the
 //! lost signal, and cancellation. The real cluster is exercised by
-//! `crates/server/tests/client_lib.rs`; these tests pin down behaviour that
+//! `crates/server/tests/in_process/client_lib.rs`; these tests pin down behaviour that
 //! a real cluster cannot be made to show on demand.
 
 use std::collections::VecDeque;

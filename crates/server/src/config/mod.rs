@@ -856,7 +856,7 @@ impl NodeConfig {
             shutdown: ShutdownConfig {
                 drain_timeout_ms: 5_000,
             },
-            // In-process tests run without TLS (tests/security.rs covers it).
+            // In-process tests run without TLS (tests/real_process/security.rs covers it).
             tls: TlsConfig {
                 insecure: true,
                 ..TlsConfig::default()

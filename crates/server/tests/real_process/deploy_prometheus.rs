@@ -6,7 +6,7 @@
 //! cluster). Grafana itself is not on this machine; its provisioning files
 //! are checked in `deploy.rs`.
 
-mod common;
+use crate::common;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

@@ -2,7 +2,7 @@
 //! loopback. The leader is killed with SIGKILL under a stream of acquires;
 //! every acknowledged grant must still be there afterwards.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::process::{Command, Stdio};

@@ -5,7 +5,7 @@
 //! are left; reaching that takes 2^39 log entries, so the test runs the
 //! same advance with a threshold every shard is below.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -4,8 +4,8 @@
 //! nodes, shard leaders and epochs, lock and waiter counts, the hottest
 //! resource.
 
-mod common;
-mod ops_support;
+use crate::common;
+use crate::ops_support;
 
 use std::process::Command;
 use std::time::Duration;

@@ -5,7 +5,7 @@
 //! `cargo test --workspace` does (the nemesis crate's dev-dependency turns
 //! it on; docs/testing.md "Failpoints").
 
-mod common;
+use crate::common;
 
 use std::os::unix::process::ExitStatusExt;
 use std::process::{Command, Stdio};

@@ -1,7 +1,7 @@
 //! In-process cluster scenarios (fast: real RocksDB, real gRPC on loopback,
 //! one process). Each test is one failure case from the brief.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

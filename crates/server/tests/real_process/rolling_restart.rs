@@ -9,7 +9,7 @@
 //! retrying, and there must be none. Every grant's token must also rise per
 //! resource across the whole run.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::path::Path;

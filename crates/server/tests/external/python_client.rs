@@ -10,7 +10,7 @@
 //! they are missing, this test FAILS and names the install command: a
 //! silently skipped test would hide that the contract is untested.
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::io::Read;

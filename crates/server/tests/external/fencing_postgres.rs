@@ -11,7 +11,7 @@
 //! would); PostgreSQL's one-statement conditional upsert rejects it, and the
 //! row keeps B's value.
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Write};
@@ -27,8 +27,20 @@ use tokio::sync::mpsc;
 const ROLE_ENV: &str = "FENCELOCK_FENCING_SCENARIO_ROLE";
 const ENDPOINTS_ENV: &str = "FENCELOCK_FENCING_ENDPOINTS";
 const PG_ENV: &str = "FENCELOCK_FENCING_PG";
-/// The libtest name of the child's entry point.
-const CLIENT_A_TEST: &str = "client_a_process";
+/// The child's entry point, by its function name.
+const CLIENT_A_FN: &str = "client_a_process";
+
+/// The libtest name of the child's entry point: its path inside the test
+/// binary (this module's path without the crate's name), so that `--exact`
+/// selects it wherever this file sits.
+fn client_a_test() -> String {
+    let module = module_path!().split_once("::").map_or("", |(_, rest)| rest);
+    if module.is_empty() {
+        CLIENT_A_FN.to_owned()
+    } else {
+        format!("{module}::{CLIENT_A_FN}")
+    }
+}
 /// What marks the child's reports in its stdout (libtest prints its own
 /// lines around them).
 const REPORT_PREFIX: &str = "CLIENT-A ";
@@ -250,7 +262,8 @@ struct ClientA {
 impl ClientA {
     fn spawn(endpoints: &[String], pg: &str) -> ClientA {
         let mut child = Command::new(std::env::current_exe().unwrap())
-            .args([CLIENT_A_TEST, "--exact", "--nocapture", "--test-threads=1"])
+            .arg(client_a_test())
+            .args(["--exact", "--nocapture", "--test-threads=1"])
             .env(ROLE_ENV, "client-a")
             .env(ENDPOINTS_ENV, endpoints.join(","))
             .env(PG_ENV, pg)

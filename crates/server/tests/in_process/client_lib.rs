@@ -2,7 +2,7 @@
 //! three-node cluster: real RocksDB, real gRPC on loopback sockets. Each
 //! test is one promise the library makes to its users.
 
-mod common;
+use crate::common;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;

@@ -2,7 +2,7 @@
 //! in-process three-node cluster: the command gets the token, the lease is
 //! released when it exits, and it is stopped when the lock is lost.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::process::Stdio;

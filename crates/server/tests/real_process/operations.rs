@@ -2,8 +2,8 @@
 //! reflection, graceful shutdown, the audit log and hot resources, on a
 //! real three-node cluster (RocksDB, gRPC on loopback).
 
-mod common;
-mod ops_support;
+use crate::common;
+use crate::ops_support;
 
 use std::collections::BTreeSet;
 use std::time::Duration;

@@ -5,8 +5,8 @@
 //! config validation (with the environment each container sets), and the
 //! systemd unit's stop and reload wiring.
 
-mod common;
-mod ops_support;
+use crate::common;
+use crate::ops_support;
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};

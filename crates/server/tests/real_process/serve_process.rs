@@ -2,8 +2,8 @@
 //! `/healthz`, the audit file reopened on SIGHUP after a rotation, and a
 //! clean exit on SIGTERM.
 
-mod common;
-mod ops_support;
+use crate::common;
+use crate::ops_support;
 
 use std::net::SocketAddr;
 use std::process::{Command, Stdio};

@@ -2,7 +2,7 @@
 //! and release locks, and the recorded history is checked for the lock
 //! invariants. In-process nodes (real RocksDB, gRPC, transport).
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};

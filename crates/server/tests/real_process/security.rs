@@ -5,7 +5,7 @@
 //! step) to keep the test time down; the start-up refusals run without a
 //! cluster.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};

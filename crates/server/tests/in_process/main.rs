@@ -1,0 +1,17 @@
+//! In-process clusters: real nodes (RocksDB in temp dirs, gRPC on loopback, the real
+//! peer transport) inside this test process, plus the pure checks of the server's
+//! configuration and error mapping. Fast; many of them.
+//!
+//! One test binary per kind (each links RocksDB): grouping keeps `make test`'s
+//! build and link time down. A module per former test file.
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod client_lib;
+mod cluster;
+mod config;
+mod epochs;
+mod errors;
+mod sharding;
+mod transport;
