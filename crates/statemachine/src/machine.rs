@@ -503,7 +503,6 @@ impl LockTable {
         }
         self.settle(resource, events);
         let key = DedupKey::new(resource, owner, request_id);
-        self.forget_if_cancelled(&key);
         if let Some(entry) = self.dedup.get(&key) {
             if entry.lease_ttl_ms != lease_ttl_ms {
                 return Err(LockError::RequestIdReused {
@@ -643,30 +642,6 @@ impl LockTable {
             status,
             attempt: FIRST_ATTEMPT,
         })
-    }
-
-    /// An acquire the server cancelled because its caller went away was
-    /// never told to anyone (a `Cancel` names the last attempt, and any
-    /// retry that could have been told is a later attempt): a retry of it
-    /// starts over instead of learning "cancelled", so retrying an
-    /// unanswered acquire by request id gets the lock when it is free.
-    /// Every other outcome (released, expired, timed out) stays the answer.
-    fn forget_if_cancelled(&mut self, key: &DedupKey) {
-        let forget_at_ms = match self.dedup.get(key).map(|e| e.state) {
-            Some(DedupState::Ended {
-                ended: LeaseEnd::Cancelled,
-                forget_at_ms,
-                ..
-            })
-            | Some(DedupState::WaitEnded {
-                ended: WaitEnd::Cancelled,
-                forget_at_ms,
-            }) => forget_at_ms,
-            _ => return,
-        };
-        let indexed = self.forget_index.remove(&(forget_at_ms, key.clone()));
-        assert!(indexed, "an ended dedup entry is in the forget index");
-        self.dedup.remove(key);
     }
 
     /// What a retry of an earlier acquire learns: where that acquire stands

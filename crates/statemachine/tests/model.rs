@@ -347,16 +347,6 @@ impl Model {
             });
         }
         self.settle(r, ev);
-        // Contract: an acquire the server cancelled (its caller went away,
-        // so nobody was told) is not an answer a retry can learn; the retry
-        // starts over as a new acquire.
-        if matches!(
-            self.dedup.get(&(r.clone(), req.clone())),
-            Some((_, _, MDedup::Ended(_, LeaseEnd::Cancelled, _)))
-                | Some((_, _, MDedup::WaitEnded(WaitEnd::Cancelled, _)))
-        ) {
-            self.dedup.remove(&(r.clone(), req.clone()));
-        }
         if let Some(&(orig_lease, orig_ttl, state)) = self.dedup.get(&(r.clone(), req.clone())) {
             if orig_ttl != ttl {
                 return Err(LockError::RequestIdReused {

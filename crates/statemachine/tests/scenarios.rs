@@ -267,57 +267,50 @@ fn cancelled_waiter_leaves_the_queue_and_a_granted_one_releases() {
     assert_eq!(s.holder("acme/hot"), None);
 }
 
-/// docs/client.md: an acquire whose answer never came is retried with the
-/// same request id. Its caller going away is usually why the answer never
-/// came, and the server cancels a grant or wait it could not deliver — so a
-/// retry that learned "cancelled" would never get the lock. Nobody was told
-/// of a cancelled acquire, so its retry starts over instead.
+/// A request id names one acquire and its outcome is final: an acquire the
+/// server cancelled because its caller went away (a grant it could not
+/// deliver, a wait nobody was left for) answers its retries "cancelled",
+/// under its original lease id — never a second lease for the same id, and
+/// never a new place at the back of a queue under an id that was queued
+/// earlier. The lock itself is free for a new acquire (a new request id),
+/// which the Rust client starts at once for ids it made up.
 #[test]
-fn a_retry_of_an_acquire_cancelled_for_its_gone_caller_starts_over() {
+fn a_retry_of_an_acquire_cancelled_for_its_gone_caller_learns_it_was_cancelled() {
     let mut s = Shard::new();
     // A grant whose caller left before it was told.
     let first = s.acquire("acme/hot", "a", 1, 10_000, 0).unwrap();
     let r = s.cancel("acme/hot", 1, first.attempt);
     assert_eq!(r, Ok(Reply::Cancelled { removed: true }));
     let retry = s.acquire("acme/hot", "a", 7, 10_000, 0).unwrap();
-    assert!(!retry.deduplicated, "{retry:?}");
-    assert_eq!(retry.lease_id, LeaseId([7; 16]));
-    let AcquireStatus::Held { token, .. } = retry.status else {
-        panic!("the retry is granted: {retry:?}");
-    };
-    let AcquireStatus::Held {
-        token: first_token, ..
-    } = first.status
+    assert!(retry.deduplicated, "{retry:?}");
+    assert_eq!(retry.lease_id, LeaseId([1; 16]));
+    assert!(
+        matches!(
+            retry.status,
+            AcquireStatus::Ended {
+                ended: LeaseEnd::Cancelled,
+                ..
+            }
+        ),
+        "{retry:?}"
+    );
+    assert_eq!(s.holder("acme/hot"), None, "no second lease for the id");
+    // A new request id takes the free lock, with a larger token.
+    let fresh = s.acquire("acme/hot", "a-2", 8, 10_000, 0).unwrap();
+    let (AcquireStatus::Held { token, .. }, AcquireStatus::Held { token: old, .. }) =
+        (fresh.status, first.status)
     else {
-        panic!("{first:?}");
+        panic!("{fresh:?} {first:?}");
     };
-    assert!(token > first_token, "a new grant, a larger token");
-    assert_eq!(s.holder("acme/hot"), Some(LeaseId([7; 16])));
-    // From here the retry's outcome is the one its id remembers.
-    let again = s.acquire("acme/hot", "a", 8, 10_000, 0).unwrap();
-    assert!(again.deduplicated);
-    assert_eq!(again.lease_id, LeaseId([7; 16]));
+    assert!(token > old);
 
-    // A wait whose caller left: the retry queues again.
+    // A wait whose caller left: its retry learns the wait was cancelled.
     let waiting = s.acquire("acme/hot", "b", 2, 10_000, 5_000).unwrap();
     s.cancel("acme/hot", 2, waiting.attempt).unwrap();
     let retry = s.acquire("acme/hot", "b", 3, 10_000, 5_000).unwrap();
-    assert!(!retry.deduplicated);
-    assert!(
-        matches!(retry.status, AcquireStatus::Queued { position: 1, .. }),
-        "{retry:?}"
-    );
-    // A released lease stays released for its retries.
-    assert!(s.release("acme/hot", 7));
-    let late = s.acquire("acme/hot", "a", 9, 10_000, 0).unwrap();
-    assert!(late.deduplicated);
-    assert!(matches!(
-        late.status,
-        AcquireStatus::Ended {
-            ended: LeaseEnd::Released,
-            ..
-        }
-    ));
+    assert!(retry.deduplicated);
+    assert_eq!(retry.status, AcquireStatus::WaitEnded(WaitEnd::Cancelled));
+    assert_eq!(s.table.waiter_count(), 0);
 }
 
 /// The chaos run that found it: a waiting acquire's caller went away, so the

@@ -6,7 +6,7 @@ use crate::common;
 use std::time::{Duration, Instant};
 
 use common::*;
-use fencelock_api::v1::Reason;
+use fencelock_api::v1::{LeaseState, Reason};
 use fencelock_server::store::MembershipChange;
 use fencelock_statemachine::ResourceName;
 
@@ -329,8 +329,28 @@ async fn acquire_committed_but_reply_lost_is_retried_with_the_same_request_id() 
         "a retry never creates a second lease"
     );
     assert_eq!(again.fencing_token, retry.fencing_token);
+    assert_eq!(again.lease_state, retry.lease_state);
     let g = get(&cluster, leader, r).await.unwrap();
-    assert_eq!(g.fencing_token, retry.fencing_token);
+    if retry.lease_state == LeaseState::Held as i32 {
+        // The first attempt never reached the service: the retry was the
+        // acquire, and holds.
+        assert_eq!(g.fencing_token, retry.fencing_token);
+        return;
+    }
+    // The first attempt was granted after its caller gave up: nobody could
+    // be told, so the service cancelled the grant (no lease is left to a
+    // caller that is gone), and the retry learns exactly that, under the
+    // original lease id — the id's outcome is final.
+    assert!(retry.deduplicated, "{retry:?}");
+    assert_eq!(retry.lease_state, LeaseState::Cancelled as i32, "{retry:?}");
+    assert_eq!(retry.expires_at_ms, 0, "an ended lease gives no time");
+    assert!(!g.held, "nobody holds the lock: {g:?}");
+    // The lock is free for a new acquire (a new request id).
+    let fresh = acquire(&cluster, leader, acquire_req(r, "new-id", 60_000, 0))
+        .await
+        .unwrap();
+    assert_eq!(fresh.lease_state, LeaseState::Held as i32);
+    assert!(fresh.fencing_token > retry.fencing_token);
 }
 
 /// lock.proto promises one spelling per lock: a name with a `.` or `..`
