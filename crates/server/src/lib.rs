@@ -14,9 +14,9 @@
 //! * [`ops`] — operator actions: replica moves, leader transfers, balancing,
 //!   draining, resharding, driven over [`control`] calls.
 //! * [`control`] — the internal `NodeControl` service: node-local steps.
-//! * [`reshard`] — slot migration as a protocol decided from the replicated
-//!   state alone (every step idempotent, unknown outcomes settled by closing
-//!   the migration on the shard and reading what it did).
+//! * [`reshard`] — re-export of `fencelock_controller::reshard`, slot
+//!   migration as a protocol decided from the replicated state alone; `ops`
+//!   runs it over gRPC.
 //! * [`node`] — wiring: open storage, start the store, transport and gRPC
 //!   server; shut them down.
 //! * [`router`] — this node's view of the placement map and shard leaders.
@@ -46,7 +46,9 @@ pub mod netfilter;
 pub mod node;
 pub mod ops;
 pub mod peers;
-pub mod reshard;
+/// The migration protocol lives in `fencelock-controller`; re-exported for
+/// the server's callers.
+pub use fencelock_controller::reshard;
 pub mod router;
 pub mod security;
 pub mod service;

@@ -1,5 +1,5 @@
 //! Slot migration under forced interleavings (docs/safety.md, "Slot
-//! migration"): the real migration protocol (`fencelock_server::reshard`)
+//! migration"): the real migration protocol (`fencelock_controller::reshard`)
 //! drives the simulated stores, and at one chosen step the proposal's
 //! answer is lost, the leader that took it dies before or after
 //! replicating it, leadership moves away, a delayed copy of it lands late,
@@ -15,9 +15,9 @@ use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 
 use fencelock_api::v1::{ErrorDetail, Reason};
+use fencelock_controller::reshard::{self, Cluster, Resharded};
 use fencelock_placement::{PlacementCommand, PlacementMap, META_SHARD_ID};
 use fencelock_server::errors::ServerError;
-use fencelock_server::reshard::{self, Cluster, Resharded};
 use fencelock_server::store::{PeerInit, Responder, ShardStatus, StoreMsg};
 use fencelock_statemachine::{
     slot_of, AcquireStatus, Command, LeaseId, LockError, Owner, Reply, RequestId, ResourceName,

@@ -25,7 +25,7 @@
 //!   the record [`resume`] finishes from, on any node, any number of times.
 //!
 //! The protocol runs over the [`Cluster`] trait: gRPC calls to the nodes in
-//! production ([`crate::ops::Ops`]), the simulated stores in the
+//! production (`fencelock_server::ops::Ops`), the simulated stores in the
 //! deterministic simulation (`crates/nemesis/tests/sim/reshard.rs`), which
 //! forces the leader changes and lost answers at each step.
 
