@@ -163,6 +163,33 @@ impl ErrorDetail {
             .and_then(|any| ErrorDetail::decode(any.value.as_slice()).ok())
     }
 
+    /// `status` as it is when it carries an `ErrorDetail`; otherwise the
+    /// call broke off without an answer (the node died, the connection
+    /// dropped), so what it asked for may or may not have happened:
+    /// `OUTCOME_UNKNOWN` for `shard_id` (0: none), saying `context` first
+    /// and the transport's words after.
+    pub fn or_outcome_unknown(
+        status: tonic::Status,
+        shard_id: u64,
+        context: &str,
+    ) -> tonic::Status {
+        if ErrorDetail::from_status(&status).is_some() {
+            return status;
+        }
+        ErrorDetail {
+            shard_id,
+            ..ErrorDetail::new(
+                Reason::OutcomeUnknown,
+                format!(
+                    "{context} (the call broke off without an answer: {:?}: {})",
+                    status.code(),
+                    status.message()
+                ),
+            )
+        }
+        .to_status()
+    }
+
     /// What to do next: the server's [`RetryPolicy`] when it sent one the
     /// client knows, else the reason's [`default_retry`].
     pub fn retry_hint(&self) -> RetryHint {
@@ -224,6 +251,33 @@ struct RpcStatus {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_status_without_a_detail_becomes_outcome_unknown_and_one_with_a_detail_is_kept() {
+        let broke_off = tonic::Status::unknown("transport error");
+        let unknown = ErrorDetail::or_outcome_unknown(broke_off, 7, "moving a replica");
+        let detail = ErrorDetail::from_status(&unknown).expect("a detail");
+        assert_eq!(detail.reason(), Reason::OutcomeUnknown);
+        assert_eq!(detail.shard_id, 7);
+        assert!(
+            detail.message.starts_with("moving a replica"),
+            "{}",
+            detail.message
+        );
+        assert!(
+            detail.message.contains("transport error"),
+            "{}",
+            detail.message
+        );
+        assert_eq!(unknown.code(), code_for(Reason::OutcomeUnknown));
+
+        let held = ErrorDetail::new(Reason::LockHeld, "held").to_status();
+        let kept = ErrorDetail::or_outcome_unknown(held, 7, "ignored");
+        assert_eq!(
+            ErrorDetail::from_status(&kept).unwrap().reason(),
+            Reason::LockHeld
+        );
+    }
     use crate::v1::LeaderHint;
 
     /// Every value of [`Reason`], read from the generated enum itself: the

@@ -41,24 +41,16 @@ impl AdminServiceImpl {
 }
 
 /// An operator action's failure always carries an `ErrorDetail`: a status
-/// without one came from a call to another node that broke off (the node
-/// died, the connection dropped), so what that node did is unknown.
+/// without one came from a call to another node that broke off, so what
+/// that node did is unknown ([`fencelock_api::v1::ErrorDetail::or_outcome_unknown`]).
 fn detailed(status: Status) -> Status {
-    if fencelock_api::v1::ErrorDetail::from_status(&status).is_some() {
-        return status;
-    }
-    fencelock_api::v1::ErrorDetail::new(
-        fencelock_api::v1::Reason::OutcomeUnknown,
-        format!(
-            "a call to another node broke off ({}: {}); the action may be partly done. \
-             Look with `fencelock admin shards`; run the action again (every step checks \
-             what is already done), and an interrupted migration is finished by the meta \
-             leader on its own",
-            status.code(),
-            status.message()
-        ),
+    fencelock_api::v1::ErrorDetail::or_outcome_unknown(
+        status,
+        0,
+        "the action may be partly done: look with `fencelock admin shards` and run it again \
+         (every step checks what is already done); an interrupted migration is finished by \
+         the meta leader on its own",
     )
-    .to_status()
 }
 
 fn invalid(field: &'static str, reason: impl Into<String>) -> Status {

@@ -704,20 +704,10 @@ impl Ops {
     }
 }
 
-/// A call to another node failed without saying why (the connection broke,
-/// the node died): whatever it was asked to do may or may not have happened.
+/// A call to another node that failed without an `ErrorDetail` broke off:
+/// its outcome is unknown ([`ErrorDetail::or_outcome_unknown`]).
 fn without_detail_is_unknown(status: Status, shard_id: u64, what: &str) -> Status {
-    if ErrorDetail::from_status(&status).is_some() {
-        return status;
-    }
-    ErrorDetail {
-        shard_id,
-        ..ErrorDetail::new(
-            Reason::OutcomeUnknown,
-            format!("{what}: the call failed without an answer ({status})"),
-        )
-    }
-    .to_status()
+    ErrorDetail::or_outcome_unknown(status, shard_id, what)
 }
 
 /// Pauses between tries of a migration step: 50 ms doubling to 1 s, about

@@ -506,20 +506,17 @@ fn table(rows: &[Object]) -> String {
 
 /// A call that broke off without an answer (the node running the action
 /// died mid-way, the connection dropped) did an unknown part of its work:
-/// say so with a reason, as every other failure does.
+/// say so with a reason, as every other failure does. `UNAVAILABLE` without
+/// a detail means no connection was made: nothing was done.
 fn without_answer_is_unknown(status: tonic::Status) -> tonic::Status {
-    use fencelock_api::v1::{ErrorDetail, Reason};
-    if ErrorDetail::from_status(&status).is_some() || status.code() == tonic::Code::Unavailable {
+    if status.code() == tonic::Code::Unavailable {
         return status;
     }
-    ErrorDetail::new(
-        Reason::OutcomeUnknown,
-        format!(
-            "the node running the action gave no answer ({}); it may be partly done. Look \
-             with `fencelock admin shards` and run it again (every step checks what is \
-             already done); an interrupted migration is finished by the meta leader on its own",
-            status.message()
-        ),
+    fencelock_api::v1::ErrorDetail::or_outcome_unknown(
+        status,
+        0,
+        "the node running the action gave no answer; it may be partly done. Look with \
+         `fencelock admin shards` and run it again (every step checks what is already done); \
+         an interrupted migration is finished by the meta leader on its own",
     )
-    .to_status()
 }
