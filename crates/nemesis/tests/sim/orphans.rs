@@ -294,3 +294,33 @@ fn a_waiter_moved_by_a_migration_without_its_caller_is_cancelled_on_the_target()
     ));
     third_caller_gets_the_lock(&mut world, target_leader, target, &resource);
 }
+
+/// The chaos run that found it (windows checker: two holders): a client's
+/// acquire and its retry by request id both reached the leader; the first
+/// applied created the grant and was answered, the second applied as a
+/// deduplicated answer for a caller already gone. Its failed delivery must
+/// not cancel the lease: the original's caller was told it holds it.
+#[test]
+fn an_undelivered_duplicate_answer_never_ends_a_lease_its_original_was_told_of() {
+    let (mut world, map) = world(24);
+    let resource = ResourceName::parse("sim/orphan/duplicate").expect("valid");
+    let shard_id = map.shard_of_slot(slot_of(&resource));
+    let leader = leader_of(&world, shard_id);
+    let (first, mut told) = acquire(shard_id, &resource, "dup", 1, 0);
+    let (retry, gone) = acquire(shard_id, &resource, "dup", 2, 0);
+    drop(gone);
+    world.step(leader, vec![first, retry], false);
+    drive(&mut world, 4_000, None);
+    let answer = told.try_recv().expect("the original is answered");
+    assert!(is_held(&answer), "{answer:?}");
+    assert!(!answer.as_ref().expect("held").deduplicated);
+    // The lease still holds: a different request is refused.
+    let (other, mut refused) = acquire(shard_id, &resource, "other", 3, 0);
+    world.step(leader, vec![other], false);
+    drive(&mut world, 1_000, None);
+    let other = refused.try_recv().expect("answered");
+    assert!(
+        matches!(&other, Err(e) if format!("{e:?}").contains("LockHeld")),
+        "the told holder's lease was ended: {other:?}"
+    );
+}

@@ -1852,9 +1852,16 @@ fn respond(
                         },
                     );
                 } else {
-                    let held = matches!(a.status, AcquireStatus::Held { .. });
+                    // Only a grant made by this very apply can be known to
+                    // nobody when its answer fails: a deduplicated answer
+                    // repeats a grant whose earlier answer (the original's,
+                    // or another retry's) may have been delivered, and this
+                    // later apply took the latest attempt number, so its
+                    // cancel would end a lease somebody was told it holds.
+                    let fresh_grant =
+                        matches!(a.status, AcquireStatus::Held { .. }) && !a.deduplicated;
                     let (lease_id, attempt) = (a.lease_id, a.attempt);
-                    if tx.send(finish_acquire(peer.table.epoch(), a)).is_err() && held {
+                    if tx.send(finish_acquire(peer.table.epoch(), a)).is_err() && fresh_grant {
                         // The caller left before it heard of the grant:
                         // nobody holds this lease. Cancel this attempt (a
                         // retry attached since is a later one and stays).
