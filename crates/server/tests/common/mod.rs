@@ -25,12 +25,23 @@ pub struct Cluster {
 }
 
 /// A port free on loopback right now (the OS picks it).
+/// A port the OS says is free and that no earlier call in this process
+/// handed out: the OS may hand a just-released port out again, and the
+/// tests of one binary run side by side (a cluster once got the same port
+/// for two of its nodes).
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    static HANDED_OUT: std::sync::Mutex<std::collections::BTreeSet<u16>> =
+        std::sync::Mutex::new(std::collections::BTreeSet::new());
+    loop {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        if HANDED_OUT.lock().unwrap().insert(port) {
+            return port;
+        }
+    }
 }
 
 impl Cluster {
