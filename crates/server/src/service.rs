@@ -295,7 +295,7 @@ impl LockServiceImpl {
             }
         };
         match self.forward_target(&err, shard_id) {
-            Some(addr) if forwarding => self.forward(addr, remote).await,
+            Some(addr) if forwarding => self.forward(shard_id, addr, remote).await,
             _ => Err(self.refusal(stale_route(err), shard_id)),
         }
     }
@@ -314,7 +314,17 @@ impl LockServiceImpl {
     }
 
     /// Sends a request on to `addr`, following one more NOT_LEADER hint.
-    async fn forward<T, R, RF>(&self, mut addr: String, remote: R) -> Result<Response<T>, Status>
+    /// A refusal from the other node comes back as it is; a call that broke
+    /// off without an answer (the node is down, the connection dropped) is
+    /// OUTCOME_UNKNOWN for `shard_id`, with an `ErrorDetail` like every
+    /// other failure (errors.proto): the request may have reached the
+    /// leader, so only a retry with the same request id is safe.
+    async fn forward<T, R, RF>(
+        &self,
+        shard_id: u64,
+        mut addr: String,
+        remote: R,
+    ) -> Result<Response<T>, Status>
     where
         R: Fn(LockServiceClient<Channel>) -> RF,
         RF: Future<Output = Result<Response<T>, Status>>,
@@ -332,10 +342,10 @@ impl LockServiceImpl {
                         .filter(|a| !a.is_empty() && *a != addr);
                     match next {
                         Some(next) => addr = next,
-                        None => return Err(status),
+                        None => return Err(unanswered(status, shard_id, &addr)),
                     }
                 }
-                other => return other,
+                other => return other.map_err(|status| unanswered(status, shard_id, &addr)),
             }
         }
     }
@@ -479,7 +489,7 @@ impl LockServiceImpl {
             return vec![Outcome::Error(with_shard(err, shard_id)); n];
         };
         let result = self
-            .forward(addr, |mut client| {
+            .forward(shard_id, addr, |mut client| {
                 let items = wire_items.clone();
                 async move {
                     client
@@ -521,6 +531,15 @@ fn with_shard(e: ServerError, shard_id: u64) -> ErrorDetail {
     } else {
         detail
     }
+}
+
+/// `status` from a forwarded call, with an `ErrorDetail` if it had none.
+fn unanswered(status: Status, shard_id: u64, addr: &str) -> Status {
+    ErrorDetail::or_outcome_unknown(
+        status,
+        shard_id,
+        &format!("forwarding to the leader of shard {shard_id} at {addr} failed"),
+    )
 }
 
 /// Marks a request as forwarded: the receiver serves it or refuses it.

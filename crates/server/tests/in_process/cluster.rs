@@ -666,3 +666,42 @@ async fn a_follower_never_answers_reads_or_writes_itself() {
     let detail = fencelock_api::v1::ErrorDetail::from_status(&status).unwrap();
     assert_eq!(detail.reason(), Reason::LockHeld);
 }
+
+/// errors.proto promises an `ErrorDetail` on every failed call. A follower
+/// that forwards to a leader which just died gets no answer at all (the
+/// connection is refused); it must still answer its client with a detail
+/// (OUTCOME_UNKNOWN: a retry with the same request id is safe), not a bare
+/// transport error the client cannot route on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn forwarding_to_a_dead_leader_answers_with_an_error_detail() {
+    let mut cluster = Cluster::start(3, |_| {}).await;
+    let r = "acme/forward-to-the-dead";
+    let shard = shard_of(&cluster, r);
+    let leader = cluster.leader_of(shard).unwrap();
+    let follower = (1..=3).find(|n| *n != leader).unwrap();
+    let mut client = cluster.client(follower).await;
+    cluster.crash(leader).await;
+    // Until the followers elect (an election timeout, 200 ms or more at the
+    // test timings), the follower's replica still names the dead node as
+    // leader and forwards there.
+    let mut forwarding_failures = 0;
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while Instant::now() < deadline && forwarding_failures < 3 {
+        let attempt = client
+            .acquire(acquire_req(r, "forward-to-the-dead-1", 5_000, 0))
+            .await;
+        let Err(status) = attempt else { break }; // a new leader answered
+        let detail = fencelock_api::v1::ErrorDetail::from_status(&status).unwrap_or_else(|| {
+            panic!("a failed call without an ErrorDetail: {status:?}");
+        });
+        if status.message().contains("forwarding to the leader") {
+            assert_eq!(detail.reason(), Reason::OutcomeUnknown, "{status:?}");
+            assert_eq!(detail.shard_id, shard, "{status:?}");
+            forwarding_failures += 1;
+        }
+    }
+    assert!(
+        forwarding_failures > 0,
+        "no call was forwarded to the dead leader: the test did not exercise the case"
+    );
+}
