@@ -9,6 +9,10 @@
 //! safe: every shard checks slot ownership when it applies a command and
 //! refuses slots it does not serve, so a stale route costs a retry, never a
 //! wrong grant.
+//!
+//! Which slot a resource belongs to (the hash and the slot space) is the
+//! state machine's (`fencelock_statemachine::slots`), because shards check
+//! slot ownership at apply; the slot → shard table is the placement map's.
 
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
@@ -16,7 +20,23 @@ use std::sync::{Arc, RwLock};
 use fencelock_placement::PlacementMap;
 use fencelock_statemachine::{slot_of, ResourceName};
 
-use crate::errors::{LeaderInfo, ServerError};
+/// The leader of a shard as this node knows it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LeaderInfo {
+    /// The leader's node id (at least 1).
+    pub node_id: u64,
+    /// The leader's advertised `host:port`.
+    pub addr: String,
+}
+
+/// Why a route could not be found.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum RouteError {
+    /// This node has no placement map yet (it joined and has not fetched
+    /// one): it cannot tell which shard serves anything.
+    #[error("this node does not know the placement map yet")]
+    MapUnknown,
+}
 
 #[derive(Default)]
 struct RouteState {
@@ -92,11 +112,11 @@ impl Router {
     }
 
     /// The shard serving `resource` according to the newest known map.
-    pub fn shard_of(&self, resource: &ResourceName) -> Result<u64, ServerError> {
+    pub fn shard_of(&self, resource: &ResourceName) -> Result<u64, RouteError> {
         match self.map() {
             Some(map) => Ok(map.shard_of_slot(slot_of(resource))),
             // A node that joined and has not fetched the map yet.
-            None => Err(ServerError::LeaderUnknown { shard_id: 0 }),
+            None => Err(RouteError::MapUnknown),
         }
     }
 

@@ -20,7 +20,9 @@ use crate::internal::{
     ProposeShardRequest, ProposeShardResponse, ReplicaStatus, StatusRequest, TransferLeaderRequest,
 };
 use crate::router::Router;
-use crate::store::{MembershipChange, PeerInit, Responder, ShardStatus, StoreMsg, StoreSender};
+use crate::store::{
+    MembershipChange, PeerInit, Responder, ShardStatus, StoreError, StoreMsg, StoreSender,
+};
 
 #[derive(Clone)]
 pub struct NodeControlImpl {
@@ -52,14 +54,16 @@ impl NodeControlImpl {
     /// Sends `msg` to the store and awaits its answer.
     async fn ask<T>(
         &self,
-        msg: impl FnOnce(oneshot::Sender<Result<T, ServerError>>) -> StoreMsg,
+        msg: impl FnOnce(oneshot::Sender<Result<T, StoreError>>) -> StoreMsg,
     ) -> Result<T, ServerError> {
         let (tx, rx) = oneshot::channel();
         self.store.try_send(msg(tx)).map_err(|e| match e {
             crossbeam_channel::TrySendError::Full(_) => ServerError::ServerBusy,
             crossbeam_channel::TrySendError::Disconnected(_) => ServerError::ShuttingDown,
         })?;
-        rx.await.map_err(|_| ServerError::ShuttingDown)?
+        rx.await
+            .map_err(|_| ServerError::ShuttingDown)?
+            .map_err(ServerError::from)
     }
 }
 
@@ -235,7 +239,10 @@ impl NodeControl for NodeControlImpl {
         self.store
             .try_send(StoreMsg::ProposeMeta { command, tx })
             .map_err(|_| ServerError::ServerBusy)?;
-        let (reply, map) = rx.await.map_err(|_| ServerError::ShuttingDown)??;
+        let (reply, map) = rx
+            .await
+            .map_err(|_| ServerError::ShuttingDown)?
+            .map_err(ServerError::from)?;
         Ok(Response::new(meta_response(&reply, &map)))
     }
 

@@ -32,14 +32,8 @@ pub const TOKEN_SPACE_RETRY_AFTER_MS: u64 = 1_000;
 /// First backoff step suggested after an internal or storage error.
 pub const INTERNAL_RETRY_AFTER_MS: u64 = 100;
 
-/// The leader of a shard as this node knows it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct LeaderInfo {
-    /// The leader's node id (at least 1).
-    pub node_id: u64,
-    /// The leader's advertised `host:port`.
-    pub addr: String,
-}
+/// The leader of a shard as this node knows it (the router's).
+pub use fencelock_router::LeaderInfo;
 
 /// Why a request failed.
 #[derive(Clone, Debug, thiserror::Error)]
@@ -119,6 +113,39 @@ pub enum ServerError {
     /// node does not start.
     #[error("security: {0}")]
     Security(String),
+}
+
+impl From<fencelock_router::RouteError> for ServerError {
+    fn from(e: fencelock_router::RouteError) -> ServerError {
+        match e {
+            // Answered as an election would be: retry shortly, the node
+            // fetches the map on its own.
+            fencelock_router::RouteError::MapUnknown => ServerError::LeaderUnknown { shard_id: 0 },
+        }
+    }
+}
+
+impl From<crate::store::StoreError> for ServerError {
+    /// One to one: the store's variants are the server's of the same name.
+    fn from(e: crate::store::StoreError) -> ServerError {
+        use crate::store::StoreError as S;
+        match e {
+            S::Lock(e) => ServerError::Lock(e),
+            S::NotLeader { shard_id, leader } => ServerError::NotLeader { shard_id, leader },
+            S::LeaderUnknown { shard_id } => ServerError::LeaderUnknown { shard_id },
+            S::LeaderNotReady { shard_id } => ServerError::LeaderNotReady { shard_id },
+            S::OutcomeUnknown { shard_id } => ServerError::OutcomeUnknown { shard_id },
+            S::NoQuorum { shard_id } => ServerError::NoQuorum { shard_id },
+            S::ShuttingDown => ServerError::ShuttingDown,
+            S::InvalidArgument { field, reason } => ServerError::InvalidArgument { field, reason },
+            S::WaitTimedOut => ServerError::WaitTimedOut,
+            S::WaitCancelled => ServerError::WaitCancelled,
+            S::Storage(e) => ServerError::Storage(e),
+            S::Internal(e) => ServerError::Internal(e),
+            S::ShardNotHere { shard_id } => ServerError::ShardNotHere { shard_id },
+            S::Placement(e) => ServerError::Placement(e),
+        }
+    }
 }
 
 fn leader_note(leader: &Option<LeaderInfo>) -> String {

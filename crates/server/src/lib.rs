@@ -19,9 +19,9 @@
 //!   runs it over gRPC.
 //! * [`node`] — wiring: open storage, start the store, transport and gRPC
 //!   server; shut them down.
-//! * [`router`] — this node's view of the placement map and shard leaders.
+//! * [`router`] — re-export of `fencelock_router`: this node's view of the
+//!   placement map and shard leaders.
 //! * [`peers`] — gRPC channels to other nodes (forwarding, operator actions).
-//! * [`shard_map`] — which shard a resource belongs to.
 //! * [`metrics`] — the node's Prometheus registry and every metric.
 //! * [`audit`] — the audit log: one JSON line per lock state change.
 //! * [`lifecycle`] — health status, in-flight requests and the graceful
@@ -35,7 +35,8 @@
 
 pub mod admin;
 pub mod admin_http;
-pub mod audit;
+/// The audit log is written by the store loop at apply; it lives there.
+pub use store::audit;
 pub mod config;
 pub mod control;
 pub mod errors;
@@ -49,10 +50,11 @@ pub mod peers;
 /// The migration protocol lives in `fencelock-controller`; re-exported for
 /// the server's callers.
 pub use fencelock_controller::reshard;
-pub mod router;
+/// The route table lives in `fencelock-router`; re-exported for the
+/// server's callers.
+pub use fencelock_router as router;
 pub mod security;
 pub mod service;
-pub mod shard_map;
 pub mod store;
 pub mod transport;
 pub mod validate;

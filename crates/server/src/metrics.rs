@@ -23,12 +23,13 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use fencelock_api::v1::{ErrorDetail, Reason};
-use prometheus::local::{LocalHistogram, LocalIntCounter};
 use prometheus::{
-    Encoder, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
-    Registry, TextEncoder,
+    Encoder, Histogram, HistogramOpts, IntCounter, IntGauge, IntGaugeVec, Opts, Registry,
+    TextEncoder,
 };
 
+pub use crate::store::metrics::StoreMetrics;
+use crate::store::metrics::{counter, counter_vec, StoreHandles};
 use crate::store::ShardStatus;
 
 /// Request latency buckets, in seconds: sub-millisecond group commits up to
@@ -37,19 +38,6 @@ const REQUEST_BUCKETS_SECONDS: &[f64] = &[
     0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
     60.0,
 ];
-/// Raft and disk latency buckets, in seconds: an fsync on a good SSD is tens
-/// of microseconds; a commit across zones a few milliseconds; anything near
-/// a second is an incident.
-const RAFT_BUCKETS_SECONDS: &[f64] = &[
-    0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
-    1.0, 2.5,
-];
-/// Batch-size buckets (entries or commands per synced write): powers of two
-/// up to the store loop's per-iteration drain bound.
-const BATCH_BUCKETS: &[f64] = &[
-    1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0,
-];
-
 /// The client-facing operations that are measured.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Op {
@@ -260,85 +248,6 @@ impl Drop for RequestTimer<'_> {
     }
 }
 
-/// The store loop's metrics, as thread-local accumulators flushed into the
-/// shared registry by [`StoreMetrics::flush`] (once per Raft tick).
-pub struct StoreMetrics {
-    pub fsync_seconds: LocalHistogram,
-    pub fsync_entries: LocalHistogram,
-    pub fsync_commands: LocalHistogram,
-    pub iteration_seconds: LocalHistogram,
-    pub snapshot_seconds: LocalHistogram,
-    pub propose_commit_seconds: LocalHistogram,
-    pub commit_apply_seconds: LocalHistogram,
-    pub leader_changes: LocalIntCounter,
-    pub snapshots_taken: LocalIntCounter,
-    pub snapshots_installed: LocalIntCounter,
-    pub snapshots_sent: LocalIntCounter,
-    pub grants: LocalIntCounter,
-    pub grants_from_queue: LocalIntCounter,
-    pub releases: LocalIntCounter,
-    pub expiries: LocalIntCounter,
-    pub lease_cancels: LocalIntCounter,
-    pub wait_timeouts: LocalIntCounter,
-    pub wait_cancels: LocalIntCounter,
-    pub renewals: LocalIntCounter,
-    pub renewal_failures: LocalIntCounter,
-    /// Commands this node proposed since the last synced write; observed
-    /// into `fsync_commands` at the next one.
-    pub commands_since_sync: u64,
-}
-
-impl StoreMetrics {
-    pub fn flush(&mut self) {
-        // The iteration first: a scrape between two of these flushes then
-        // never shows more fsync time than iteration time.
-        for h in [
-            &self.iteration_seconds,
-            &self.fsync_seconds,
-            &self.fsync_entries,
-            &self.fsync_commands,
-            &self.snapshot_seconds,
-            &self.propose_commit_seconds,
-            &self.commit_apply_seconds,
-        ] {
-            h.flush();
-        }
-        for c in [
-            &self.leader_changes,
-            &self.snapshots_taken,
-            &self.snapshots_installed,
-            &self.snapshots_sent,
-            &self.grants,
-            &self.grants_from_queue,
-            &self.releases,
-            &self.expiries,
-            &self.lease_cancels,
-            &self.wait_timeouts,
-            &self.wait_cancels,
-            &self.renewals,
-            &self.renewal_failures,
-        ] {
-            c.flush();
-        }
-    }
-}
-
-/// Shared handles the store loop's locals flush into.
-struct StoreHandles {
-    fsync_seconds: Histogram,
-    fsync_entries: Histogram,
-    fsync_commands: Histogram,
-    iteration_seconds: Histogram,
-    snapshot_seconds: Histogram,
-    propose_commit_seconds: Histogram,
-    commit_apply_seconds: Histogram,
-    leader_changes: IntCounter,
-    snapshots: IntCounterVec,
-    lock_events: IntCounterVec,
-    renewals: IntCounter,
-    renewal_failures: IntCounter,
-}
-
 /// Per-shard gauges, rebuilt from the store's published status at scrape.
 struct ShardGauges {
     locks_held: IntGaugeVec,
@@ -401,25 +310,6 @@ pub struct Metrics {
     /// Scrapes rebuild the per-shard gauges and advance the mirrored
     /// counters; one at a time, so two scrapes never interleave the two.
     scrape: Mutex<()>,
-}
-
-fn histogram(registry: &Registry, name: &str, help: &str, buckets: &[f64]) -> Histogram {
-    let h = Histogram::with_opts(HistogramOpts::new(name, help).buckets(buckets.to_vec()))
-        .expect("valid histogram");
-    registry.register(Box::new(h.clone())).expect("unique name");
-    h
-}
-
-fn counter(registry: &Registry, name: &str, help: &str) -> IntCounter {
-    let c = IntCounter::new(name, help).expect("valid counter");
-    registry.register(Box::new(c.clone())).expect("unique name");
-    c
-}
-
-fn counter_vec(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
-    let c = IntCounterVec::new(Opts::new(name, help), labels).expect("valid counter");
-    registry.register(Box::new(c.clone())).expect("unique name");
-    c
 }
 
 fn gauge(registry: &Registry, name: &str, help: &str) -> IntGauge {
@@ -521,77 +411,7 @@ impl Metrics {
             ),
         };
 
-        let store = StoreHandles {
-            fsync_seconds: histogram(
-                r,
-                "fencelock_store_fsync_duration_seconds",
-                "Duration of the store loop's synced RocksDB write (one per loop iteration with Raft work).",
-                RAFT_BUCKETS_SECONDS,
-            ),
-            fsync_entries: histogram(
-                r,
-                "fencelock_store_fsync_entries",
-                "Raft log entries (all shards) persisted by one synced write.",
-                BATCH_BUCKETS,
-            ),
-            fsync_commands: histogram(
-                r,
-                "fencelock_store_fsync_commands",
-                "Lock commands this node proposed that one synced write carried (group commit).",
-                BATCH_BUCKETS,
-            ),
-            iteration_seconds: histogram(
-                r,
-                "fencelock_store_iteration_duration_seconds",
-                "Busy time of one store-loop iteration (handle, propose, persist, apply, answer): every shard on the node waits for it.",
-                RAFT_BUCKETS_SECONDS,
-            ),
-            snapshot_seconds: histogram(
-                r,
-                "fencelock_store_snapshot_duration_seconds",
-                "Time the store loop spent encoding and staging one shard's state-machine snapshot.",
-                RAFT_BUCKETS_SECONDS,
-            ),
-            propose_commit_seconds: histogram(
-                r,
-                "fencelock_raft_propose_commit_duration_seconds",
-                "Time from proposing an entry on the leader to seeing it committed by a majority.",
-                RAFT_BUCKETS_SECONDS,
-            ),
-            commit_apply_seconds: histogram(
-                r,
-                "fencelock_raft_commit_apply_duration_seconds",
-                "Time from a replica learning an entry is committed to having applied it.",
-                RAFT_BUCKETS_SECONDS,
-            ),
-            leader_changes: counter(
-                r,
-                "fencelock_raft_leader_changes_total",
-                "Times a shard replica on this node became leader.",
-            ),
-            snapshots: counter_vec(
-                r,
-                "fencelock_raft_snapshots_total",
-                "Raft snapshots: taken (log compaction), sent to a lagging replica, installed from a leader.",
-                &["kind"],
-            ),
-            lock_events: counter_vec(
-                r,
-                "fencelock_lock_events_total",
-                "Lock state changes applied by shards this node leads: granted, granted_from_queue, released, expired, cancelled, wait_timed_out, wait_cancelled.",
-                &["event"],
-            ),
-            renewals: counter(
-                r,
-                "fencelock_lock_renewals_total",
-                "Renewals applied by shards this node leads.",
-            ),
-            renewal_failures: counter(
-                r,
-                "fencelock_lock_renewal_failures_total",
-                "Renewals refused at apply by shards this node leads (the lease was no longer held).",
-            ),
-        };
+        let store = StoreHandles::register(r);
 
         let shard = ShardGauges {
             locks_held: shard_gauge(
@@ -754,31 +574,7 @@ impl Metrics {
 
     /// Thread-local accumulators for the store loop.
     pub fn store_locals(&self) -> StoreMetrics {
-        let s = &self.store;
-        let event = |name: &str| s.lock_events.with_label_values(&[name]).local();
-        StoreMetrics {
-            fsync_seconds: s.fsync_seconds.local(),
-            fsync_entries: s.fsync_entries.local(),
-            fsync_commands: s.fsync_commands.local(),
-            iteration_seconds: s.iteration_seconds.local(),
-            snapshot_seconds: s.snapshot_seconds.local(),
-            propose_commit_seconds: s.propose_commit_seconds.local(),
-            commit_apply_seconds: s.commit_apply_seconds.local(),
-            leader_changes: s.leader_changes.local(),
-            snapshots_taken: s.snapshots.with_label_values(&["taken"]).local(),
-            snapshots_installed: s.snapshots.with_label_values(&["installed"]).local(),
-            snapshots_sent: s.snapshots.with_label_values(&["sent"]).local(),
-            grants: event("granted"),
-            grants_from_queue: event("granted_from_queue"),
-            releases: event("released"),
-            expiries: event("expired"),
-            lease_cancels: event("cancelled"),
-            wait_timeouts: event("wait_timed_out"),
-            wait_cancels: event("wait_cancelled"),
-            renewals: s.renewals.local(),
-            renewal_failures: s.renewal_failures.local(),
-            commands_since_sync: 0,
-        }
+        self.store.locals()
     }
 
     /// The Prometheus text exposition of every metric, with the state

@@ -281,7 +281,9 @@ async fn advance_low_epochs(
                     tx,
                 })
                 .map_err(|_| ServerError::ServerBusy)?;
-            rx.await.map_err(|_| ServerError::ShuttingDown)??;
+            rx.await
+                .map_err(|_| ServerError::ShuttingDown)?
+                .map_err(ServerError::from)?;
             Ok::<u64, tonic::Status>(epoch)
         }
         .await;
@@ -345,7 +347,7 @@ impl Node {
         let peers = Arc::new(PeerChannels::new(tls.clone()));
         let default_ttl = config.lock.default_lease_ttl_ms;
         let store = Store::open(
-            config.clone(),
+            config.store_config(),
             engine.clone(),
             transport.clone(),
             store_rx,
@@ -596,7 +598,9 @@ impl Node {
                 tx,
             })
             .map_err(|_| ServerError::ServerBusy)?;
-        rx.await.map_err(|_| ServerError::ShuttingDown)?
+        rx.await
+            .map_err(|_| ServerError::ShuttingDown)?
+            .map_err(ServerError::from)
     }
 
     /// Proposes `command` to this node's replica of `shard_id` exactly as
@@ -617,7 +621,9 @@ impl Node {
                 caller: None,
             })
             .map_err(|_| ServerError::ServerBusy)?;
-        rx.await.map_err(|_| ServerError::ShuttingDown)?
+        rx.await
+            .map_err(|_| ServerError::ShuttingDown)?
+            .map_err(ServerError::from)
     }
 
     /// What the node's epoch task does every few seconds, now and with any

@@ -243,7 +243,9 @@ impl LockServiceImpl {
             responder: Responder::Reply(tx),
             caller: current_caller(),
         })?;
-        rx.await.map_err(|_| ServerError::ShuttingDown)?
+        rx.await
+            .map_err(|_| ServerError::ShuttingDown)?
+            .map_err(ServerError::from)
     }
 
     /// Where to send a request this node refused with `err`, if anywhere.
@@ -277,7 +279,7 @@ impl LockServiceImpl {
         R: Fn(LockServiceClient<Channel>) -> RF,
         RF: Future<Output = Result<Response<T>, Status>>,
     {
-        let mut shard_id = self.router.shard_of(resource)?;
+        let mut shard_id = self.router.shard_of(resource).map_err(ServerError::from)?;
         if self.life.is_refusing() {
             return Err(self.refusal(self.draining_refusal(shard_id), shard_id));
         }
@@ -289,7 +291,7 @@ impl LockServiceImpl {
                 Err(ServerError::Lock(LockError::WrongShard { .. }))
                     if self.router.shard_of(resource).ok() != Some(shard_id) =>
                 {
-                    shard_id = self.router.shard_of(resource)?;
+                    shard_id = self.router.shard_of(resource).map_err(ServerError::from)?;
                 }
                 Err(e) => break e,
             }
@@ -374,7 +376,10 @@ impl LockServiceImpl {
         })?;
         // If this future is dropped (client went away), the store sees the
         // closed channel and removes the waiter through Raft.
-        let reply = rx.await.map_err(|_| ServerError::ShuttingDown)??;
+        let reply = rx
+            .await
+            .map_err(|_| ServerError::ShuttingDown)?
+            .map_err(ServerError::from)?;
         let (token, expires_at_ms, ttl, state) = match reply.status {
             AcquireStatus::Held {
                 token,
@@ -422,7 +427,10 @@ impl LockServiceImpl {
             resource,
             tx,
         })?;
-        let read = rx.await.map_err(|_| ServerError::ShuttingDown)??;
+        let read = rx
+            .await
+            .map_err(|_| ServerError::ShuttingDown)?
+            .map_err(ServerError::from)?;
         Ok(match read.view {
             Some(v) => GetResponse {
                 // Held until a committed command retires the lease. Not

@@ -40,6 +40,8 @@ use crate::internal::raft_transport_client::RaftTransportClient;
 use crate::internal::raft_transport_server::{self, RaftTransportServer};
 use crate::internal::{RaftBatch, RaftEnvelope, StreamAck};
 use crate::netfilter::{NetworkRules, Verdict};
+/// The store owns the message type and the sink trait the transport implements.
+pub use crate::store::{Envelope, PeerSink};
 
 /// Most messages the sender puts in one `RaftBatch`. Bounds the work and
 /// memory of one frame; under a burst the rest simply go in the next one.
@@ -104,15 +106,6 @@ const HTTP2_KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(5);
 /// Most messages waiting out a [`Verdict::Delay`] at once, over all peers.
 /// Each one holds a timer; beyond this, delayed messages are dropped.
 const MAX_DELAYED_MESSAGES: usize = 65_536;
-
-/// One Raft message for one shard.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Envelope {
-    /// The shard (Raft group) the message belongs to.
-    pub shard_id: u64,
-    /// The Raft message itself.
-    pub msg: RaftMessage,
-}
 
 /// The callback [`RaftService`] hands inbound messages to: the sending node
 /// id and the decoded messages of one batch, in order.
@@ -743,5 +736,15 @@ impl raft_transport_server::RaftTransport for RaftService {
                 },
             }
         }
+    }
+}
+
+impl PeerSink for Transport {
+    fn send(&self, to: u64, envelopes: Vec<Envelope>) {
+        Transport::send(self, to, envelopes);
+    }
+
+    fn add_peer(&self, node_id: u64, addr: &str) {
+        Transport::add_peer(self, node_id, addr);
     }
 }

@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 
 use fencelock_nemesis::fence::{FencedResource, WriteOutcome};
 use fencelock_nemesis::history::{Call, Event, ProcessId, Reply};
-use fencelock_server::errors::ServerError;
+use fencelock_server::store::StoreError;
 use fencelock_server::store::{AcquireResult, ReadReply, ReplyResult, Responder, StoreMsg};
 use fencelock_statemachine::{
     slot_of, AcquireStatus, Command, LeaseId, Owner, Reply as LockReply, RequestId, ResourceName,
@@ -76,14 +76,14 @@ struct Held {
 enum Rx {
     Acquire(oneshot::Receiver<AcquireResult>),
     Reply(oneshot::Receiver<ReplyResult>),
-    Read(oneshot::Receiver<Result<ReadReply, ServerError>>),
+    Read(oneshot::Receiver<Result<ReadReply, StoreError>>),
 }
 
 enum Polled {
     Pending,
     Acquire(AcquireResult),
     Reply(ReplyResult),
-    Read(Result<ReadReply, ServerError>),
+    Read(Result<ReadReply, StoreError>),
     /// The node dropped the channel (it crashed or stopped).
     Closed,
 }
@@ -592,15 +592,16 @@ impl Clients {
 
     /// Which refusals are final, which are retried (and whether an attempt
     /// refused so may have taken effect).
-    fn refused(&mut self, world: &mut World, client: usize, e: ServerError) {
-        let reason = e.reason();
+    fn refused(&mut self, world: &mut World, client: usize, e: StoreError) {
+        // The reason the gRPC edge would answer with.
+        let reason = fencelock_server::errors::ServerError::from(e.clone()).reason();
         let c = &mut self.clients[client];
         let op = c.op.as_mut().expect("an op");
         if RETRIED_REASONS.contains(&reason) {
             op.maybe_applied |= !NO_EFFECT_REASONS.contains(&reason);
             op.last_error = reason.as_str_name().to_owned();
             match &e {
-                ServerError::NotLeader {
+                StoreError::NotLeader {
                     leader: Some(leader),
                     ..
                 } => {
@@ -753,7 +754,7 @@ impl Clients {
         self.think(world, client);
     }
 
-    fn on_read(&mut self, world: &mut World, client: usize, r: Result<ReadReply, ServerError>) {
+    fn on_read(&mut self, world: &mut World, client: usize, r: Result<ReadReply, StoreError>) {
         let read = match r {
             Ok(read) => read,
             Err(e) => return self.refused(world, client, e),

@@ -18,6 +18,7 @@ use fencelock_api::v1::{ErrorDetail, Reason};
 use fencelock_controller::reshard::{self, Cluster, Resharded};
 use fencelock_placement::{PlacementCommand, PlacementMap, META_SHARD_ID};
 use fencelock_server::errors::ServerError;
+use fencelock_server::store::StoreError;
 use fencelock_server::store::{PeerInit, Responder, ShardStatus, StoreMsg};
 use fencelock_statemachine::{
     slot_of, AcquireStatus, Command, LeaseId, LockError, Owner, Reply, RequestId, ResourceName,
@@ -165,7 +166,7 @@ fn transport_error() -> Status {
 }
 
 fn outcome_unknown(shard_id: u64) -> Status {
-    ServerError::OutcomeUnknown { shard_id }.into()
+    wire(StoreError::OutcomeUnknown { shard_id })
 }
 
 impl<'w> SimCluster<'w> {
@@ -226,12 +227,12 @@ impl<'w> SimCluster<'w> {
         shard_id: u64,
         fate: Option<Fate>,
         msg: StoreMsg,
-        mut rx: oneshot::Receiver<Result<T, ServerError>>,
+        mut rx: oneshot::Receiver<Result<T, StoreError>>,
         copy: impl FnOnce() -> StoreMsg,
     ) -> Result<T, Status> {
         let mut world = self.world.borrow_mut();
         let Some(leader) = world.leaders().get(&shard_id).copied() else {
-            return Err(ServerError::LeaderUnknown { shard_id }.into());
+            return Err(wire(StoreError::LeaderUnknown { shard_id }));
         };
         let followers: Vec<u64> = (1..=NODES).filter(|n| *n != leader).collect();
         let now = world.now_ms;
@@ -275,14 +276,13 @@ impl<'w> SimCluster<'w> {
                         msg: copy(),
                     },
                 );
-                return Err(ServerError::Lock(LockError::MigrationRefused {
+                return Err(wire(StoreError::Lock(LockError::MigrationRefused {
                     reason: "forced refusal (the target is full, say)".into(),
-                })
-                .into());
+                })));
             }
         }
         let answer = match receive(&mut world, CALL_TIMEOUT_MS, &mut rx) {
-            Got::Answer(result) => result.map_err(Status::from),
+            Got::Answer(result) => result.map_err(wire),
             Got::Closed => Err(transport_error()),
             Got::Nothing => Err(outcome_unknown(shard_id)),
         };
@@ -401,7 +401,7 @@ impl Cluster for SimCluster<'_> {
         self.world
             .borrow()
             .map()
-            .ok_or_else(|| ServerError::LeaderUnknown { shard_id: 0 }.into())
+            .ok_or_else(|| wire(StoreError::LeaderUnknown { shard_id: 0 }))
     }
 
     async fn start_replica(
@@ -426,7 +426,7 @@ impl Cluster for SimCluster<'_> {
             false,
         );
         match rx.try_recv() {
-            Ok(result) => result.map_err(Status::from),
+            Ok(result) => result.map_err(wire),
             Err(_) => Err(transport_error()),
         }
     }
@@ -521,7 +521,7 @@ fn setup(seed: u64) -> (World, Vec<Held>) {
 
 /// Proposes `command` to the leader of `shard_id`, retrying until a
 /// leader answers (for the test's own requests; no faults).
-fn ask(world: &mut World, shard_id: u64, command: Command) -> Result<Reply, ServerError> {
+fn ask(world: &mut World, shard_id: u64, command: Command) -> Result<Reply, StoreError> {
     for _ in 0..50 {
         let Some(leader) = world.leaders().get(&shard_id).copied() else {
             run_for(world, 100);
@@ -557,8 +557,8 @@ fn exchange<T>(
     shard_id: u64,
     command: &Command,
     responder: Responder,
-    mut rx: oneshot::Receiver<Result<T, ServerError>>,
-) -> Option<Result<T, ServerError>> {
+    mut rx: oneshot::Receiver<Result<T, StoreError>>,
+) -> Option<Result<T, StoreError>> {
     let msg = StoreMsg::Propose {
         shard_id,
         command: command.clone(),
@@ -573,15 +573,15 @@ fn exchange<T>(
 }
 
 /// Answers that say "not here, not now" rather than anything about the lock.
-fn retry_later(answer: &Result<Reply, ServerError>) -> bool {
+fn retry_later(answer: &Result<Reply, StoreError>) -> bool {
     matches!(
         answer,
-        Err(ServerError::NotLeader { .. }
-            | ServerError::LeaderUnknown { .. }
-            | ServerError::LeaderNotReady { .. }
-            | ServerError::OutcomeUnknown { .. }
-            | ServerError::ShuttingDown
-            | ServerError::Lock(LockError::LeaderNotReady { .. }))
+        Err(StoreError::NotLeader { .. }
+            | StoreError::LeaderUnknown { .. }
+            | StoreError::LeaderNotReady { .. }
+            | StoreError::OutcomeUnknown { .. }
+            | StoreError::ShuttingDown
+            | StoreError::Lock(LockError::LeaderNotReady { .. }))
     )
 }
 
@@ -665,7 +665,7 @@ fn check_one_owner(world: &mut World, held: &[Held], log: &[String]) {
                 );
             } else {
                 assert!(
-                    matches!(answer, Err(ServerError::Lock(LockError::WrongShard { .. }))),
+                    matches!(answer, Err(StoreError::Lock(LockError::WrongShard { .. }))),
                     "{} is routed to shard {owner}, but shard {shard_id} answers {answer:?}\n  {}",
                     h.resource,
                     context()
@@ -1024,4 +1024,9 @@ fn a_split_interrupted_at_any_step_is_finished_by_resume() {
         );
         check_one_owner(&mut world, &held, &log);
     }
+}
+
+/// A store error as the gRPC edge answers it (the server's mapping).
+fn wire(e: StoreError) -> Status {
+    ServerError::from(e).into()
 }

@@ -286,7 +286,7 @@ impl World {
         };
         node.router = Some(router.clone());
         let mut store = match Store::open_with(
-            node.config.clone(),
+            node.config.store_config(),
             io,
             inbox,
             node.status.clone(),

@@ -55,7 +55,6 @@ use std::fmt::Display;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
 
 use fencelock_statemachine::limits::MAX_CLOCK_OFFSET_ALLOWANCE_MS;
 use fencelock_statemachine::Limits;
@@ -151,82 +150,8 @@ pub struct PeerConfig {
     pub addr: String,
 }
 
-/// The `[raft]` section.
-#[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct RaftConfig {
-    /// One Raft logical clock tick, 10..=1000 ms (default 100).
-    pub tick_interval_ms: u64,
-    /// Ticks without a heartbeat before a follower campaigns, 5..=100
-    /// (default 10). Raft randomizes the actual timeout in
-    /// `[election_ticks, 2 * election_ticks)`.
-    pub election_ticks: u32,
-    /// Ticks between leader heartbeats, 1..=election_ticks/2 (default 2).
-    pub heartbeat_ticks: u32,
-    /// How long a request waits for its proposal to be committed and applied
-    /// before it fails with OUTCOME_UNKNOWN, 100..=60000 ms (default 5000).
-    pub proposal_timeout_ms: u64,
-    /// Most commands coalesced into one Raft entry, 1..=4096 (default 256).
-    pub max_commands_per_entry: u32,
-    /// Applied entries between snapshots of a shard, 100..=1000000
-    /// (default 10000).
-    pub snapshot_interval_entries: u64,
-    /// Capacity of the store loop's request queue, 1024..=1048576 (default
-    /// 65536). When it is full, requests fail with SERVER_BUSY.
-    pub store_queue_depth: usize,
-    /// Raft messages queued per peer before new ones are dropped (Raft
-    /// retransmits), 64..=1048576 (default 8192).
-    pub peer_queue_depth: usize,
-    /// The assumed bound on wall-clock offset between any two servers,
-    /// 0..=60000 ms (default 500). A new leader extends every inherited lease
-    /// by this much once (see `docs/safety.md`, assumption A1).
-    pub clock_offset_allowance_ms: u64,
-    /// Group commit: when the store loop's previous synced write finished
-    /// less than this long ago, it waits up to the rest of it for more
-    /// requests and peer messages to share the next one, 0..=20000 µs
-    /// (default 2000; 0 disables). Bounds a busy node's fsyncs to about
-    /// one per window; an idle node answers at once.
-    pub group_commit_window_us: u64,
-}
-
-impl Default for RaftConfig {
-    fn default() -> Self {
-        RaftConfig {
-            tick_interval_ms: 100,
-            election_ticks: 10,
-            heartbeat_ticks: 2,
-            proposal_timeout_ms: 5_000,
-            max_commands_per_entry: 256,
-            snapshot_interval_entries: 10_000,
-            store_queue_depth: 65_536,
-            peer_queue_depth: 8_192,
-            clock_offset_allowance_ms: 500,
-            group_commit_window_us: 2_000,
-        }
-    }
-}
-
-impl RaftConfig {
-    /// One Raft tick.
-    pub fn tick_interval(&self) -> Duration {
-        Duration::from_millis(self.tick_interval_ms)
-    }
-
-    /// The shortest election timeout (`election_ticks` ticks).
-    pub fn election_timeout(&self) -> Duration {
-        self.tick_interval() * self.election_ticks
-    }
-
-    /// How long a request waits for its proposal to be applied.
-    pub fn proposal_timeout(&self) -> Duration {
-        Duration::from_millis(self.proposal_timeout_ms)
-    }
-
-    /// The group-commit window (zero: none).
-    pub fn group_commit_window(&self) -> Duration {
-        Duration::from_micros(self.group_commit_window_us)
-    }
-}
+/// The `[raft]` section: the store loop's tuning, owned by the store.
+pub use crate::store::RaftConfig;
 
 /// The `[lock]` section: the default lease TTL and every field of
 /// [`Limits`], with the same defaults.
@@ -777,6 +702,19 @@ impl NodeConfig {
         self.lock.limits()
     }
 
+    /// What the store loop needs of this configuration.
+    pub fn store_config(&self) -> crate::store::StoreConfig {
+        crate::store::StoreConfig {
+            node_id: self.node_id,
+            initial_members: self.peer_map(),
+            shard_count: self.shard_count,
+            replication_factor: self.replication_factor,
+            join: self.join,
+            limits: self.limits(),
+            raft: self.raft.clone(),
+        }
+    }
+
     /// Node id → advertised address of every initial member, this node
     /// included.
     pub fn peer_map(&self) -> BTreeMap<u64, String> {
@@ -837,18 +775,7 @@ impl NodeConfig {
             shard_count: 4,
             replication_factor: 3,
             join: false,
-            raft: RaftConfig {
-                tick_interval_ms: 20,
-                election_ticks: 10,
-                heartbeat_ticks: 2,
-                proposal_timeout_ms: 2_000,
-                max_commands_per_entry: 256,
-                snapshot_interval_entries: 1_000,
-                store_queue_depth: 8_192,
-                peer_queue_depth: 1_024,
-                clock_offset_allowance_ms: 100,
-                group_commit_window_us: RaftConfig::default().group_commit_window_us,
-            },
+            raft: RaftConfig::for_test(),
             lock: LockConfig::default(),
             log: LogConfig::default(),
             audit: AuditConfig::default(),

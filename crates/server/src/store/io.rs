@@ -2,7 +2,7 @@
 //! ([`PeerSink`]), what time it is ([`Clock`]), and the bundle of both plus
 //! the storage engine that [`super::Store::open_with`] takes ([`StoreIo`]).
 //!
-//! Production wires the gRPC [`Transport`], the system clock and RocksDB
+//! Production wires the gRPC transport, the system clock and RocksDB
 //! (`Store::open`). The deterministic simulation (`crates/nemesis/tests/
 //! simulation.rs`) wires a sink that captures messages, a clock it advances
 //! itself and a `MemEngine` that can forget unsynced writes, and drives the
@@ -13,9 +13,19 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use fencelock_storage::Engine;
 
-use crate::transport::{Envelope, Transport};
+use raft::prelude::Message;
 
-/// Where the store loop sends Raft messages for other nodes.
+/// One Raft message for one shard.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Envelope {
+    /// The shard (Raft group) the message belongs to.
+    pub shard_id: u64,
+    /// The Raft message itself.
+    pub msg: Message,
+}
+
+/// Where the store loop sends Raft messages for other nodes (the peer
+/// transport in production).
 pub trait PeerSink: Send + Sync {
     /// Queues `envelopes` for node `to`; never blocks. Delivery is best
     /// effort: Raft retransmits what is lost.
@@ -23,16 +33,6 @@ pub trait PeerSink: Send + Sync {
 
     /// Learns the address of node `node_id` (from the placement map).
     fn add_peer(&self, node_id: u64, addr: &str);
-}
-
-impl PeerSink for Transport {
-    fn send(&self, to: u64, envelopes: Vec<Envelope>) {
-        Transport::send(self, to, envelopes);
-    }
-
-    fn add_peer(&self, node_id: u64, addr: &str) {
-        Transport::add_peer(self, node_id, addr);
-    }
 }
 
 /// The store loop's view of time.

@@ -25,9 +25,13 @@
 //! [`Store::step`], which a deterministic simulation calls directly
 //! (docs/testing.md, "Deterministic simulation").
 
+pub mod audit;
 mod compaction;
+mod config;
+mod error;
 mod hot;
 mod io;
+pub mod metrics;
 mod observe;
 mod payload;
 #[cfg(feature = "simulation")]
@@ -35,8 +39,10 @@ mod sim;
 #[cfg(test)]
 mod tests;
 
+pub use config::{RaftConfig, StoreConfig};
+pub use error::StoreError;
 pub use hot::{HotEntry, HOT_REPORTED_PER_SHARD};
-pub use io::{Clock, PeerSink, StoreIo, SystemClock};
+pub use io::{Clock, Envelope, PeerSink, StoreIo, SystemClock};
 pub use observe::Observers;
 pub use payload::{
     decode_payload, decode_state, encode_payload, encode_payload_at_epoch, encode_state, Payload,
@@ -59,10 +65,7 @@ use raft::prelude::{Entry, EntryType, Message};
 use raft::{RawNode, StateRole};
 use tokio::sync::oneshot;
 
-use crate::config::NodeConfig;
-use crate::errors::ServerError;
 use crate::router::Router;
-use crate::transport::{Envelope, Transport};
 
 /// Requests and messages drained per loop iteration before proposing: bounds
 /// the latency one iteration adds while still batching under load.
@@ -90,8 +93,8 @@ const LOG_KEEP_BEHIND_SNAPSHOT: u64 = 1_000;
 /// refusing acquires (`TOKEN_SPACE_EXHAUSTED`).
 pub const EPOCH_ADVANCE_POSITIONS_LEFT: u64 = 1 << 38;
 
-pub type AcquireResult = Result<AcquireReply, ServerError>;
-pub type ReplyResult = Result<Reply, ServerError>;
+pub type AcquireResult = Result<AcquireReply, StoreError>;
+pub type ReplyResult = Result<Reply, StoreError>;
 
 /// Who waits for the outcome of one command.
 pub enum Responder {
@@ -105,12 +108,12 @@ pub enum Responder {
         tx: oneshot::Sender<AcquireResult>,
     },
     /// A configuration change: answered when it applied.
-    Done(oneshot::Sender<Result<(), ServerError>>),
+    Done(oneshot::Sender<Result<(), StoreError>>),
     /// A placement command on the meta shard: answered at apply.
     Meta(oneshot::Sender<MetaResult>),
 }
 
-pub type MetaResult = Result<(PlacementReply, PlacementMap), ServerError>;
+pub type MetaResult = Result<(PlacementReply, PlacementMap), StoreError>;
 
 /// Who asked for a command, for the audit log: the client's address as the
 /// node that received the call saw it (`None` for the node's own commands).
@@ -144,7 +147,7 @@ pub enum StoreMsg {
     Read {
         shard_id: u64,
         resource: ResourceName,
-        tx: oneshot::Sender<Result<ReadReply, ServerError>>,
+        tx: oneshot::Sender<Result<ReadReply, StoreError>>,
     },
     Raft {
         envelopes: Vec<Envelope>,
@@ -154,7 +157,7 @@ pub enum StoreMsg {
         shard_id: u64,
         change: MembershipChange,
         node_id: u64,
-        tx: oneshot::Sender<Result<(), ServerError>>,
+        tx: oneshot::Sender<Result<(), StoreError>>,
     },
     /// Propose a placement command to the meta shard (this node must lead it).
     ProposeMeta {
@@ -165,7 +168,7 @@ pub enum StoreMsg {
     CreatePeer {
         shard_id: u64,
         init: PeerInit,
-        tx: oneshot::Sender<Result<(), ServerError>>,
+        tx: oneshot::Sender<Result<(), StoreError>>,
     },
     /// Delete this node's replica of `shard_id` and its data (idempotent):
     /// after the replica was removed from the shard's configuration.
@@ -174,7 +177,7 @@ pub enum StoreMsg {
     DestroyPeer {
         shard_id: u64,
         removed: bool,
-        tx: oneshot::Sender<Result<(), ServerError>>,
+        tx: oneshot::Sender<Result<(), StoreError>>,
     },
     /// Start the shard's next epoch, `epoch`, at a new entry of this node's
     /// ready leader replica of `shard_id`. Only for an epoch the placement
@@ -191,7 +194,7 @@ pub enum StoreMsg {
     TransferLeader {
         shard_id: u64,
         to: u64,
-        tx: oneshot::Sender<Result<(), ServerError>>,
+        tx: oneshot::Sender<Result<(), StoreError>>,
     },
     Shutdown,
 }
@@ -225,7 +228,7 @@ struct Taken {
 
 struct PendingRead {
     resource: ResourceName,
-    tx: oneshot::Sender<Result<ReadReply, ServerError>>,
+    tx: oneshot::Sender<Result<ReadReply, StoreError>>,
     asked_at: Instant,
     /// Set once raft reported the read index.
     index: Option<u64>,
@@ -390,7 +393,7 @@ pub struct ShardStatus {
 pub struct Store {
     node_id: u64,
     router: Arc<Router>,
-    config: NodeConfig,
+    config: StoreConfig,
     engine: Arc<dyn Engine>,
     peers: BTreeMap<u64, Peer>,
     transport: Arc<dyn PeerSink>,
@@ -415,20 +418,20 @@ pub struct Store {
 pub type StoreSender = Sender<StoreMsg>;
 
 impl Store {
-    /// Opens every shard replica on this node over RocksDB, the gRPC
-    /// transport and the system clock: [`Store::open_with`] in production.
+    /// Opens every shard replica on this node over RocksDB, the peer
+    /// transport (`sink`) and the system clock: [`Store::open_with`] in production.
     pub fn open(
-        config: NodeConfig,
+        config: StoreConfig,
         engine: Arc<RocksEngine>,
-        transport: Arc<Transport>,
+        sink: Arc<dyn PeerSink>,
         inbox: Receiver<StoreMsg>,
         status: Arc<std::sync::Mutex<Vec<ShardStatus>>>,
         router: Arc<Router>,
         obs: Observers,
-    ) -> Result<Store, ServerError> {
+    ) -> Result<Store, StoreError> {
         let io = StoreIo {
             engine,
-            sink: transport,
+            sink,
             clock: Arc::new(SystemClock),
             fixed_election_timeout: false,
         };
@@ -439,13 +442,13 @@ impl Store {
     /// cluster bootstraps them (see [`bootstrap_batch`]), a fresh node with
     /// `join = true` starts with none.
     pub fn open_with(
-        config: NodeConfig,
+        config: StoreConfig,
         io: StoreIo,
         inbox: Receiver<StoreMsg>,
         status: Arc<std::sync::Mutex<Vec<ShardStatus>>>,
         router: Arc<Router>,
         obs: Observers,
-    ) -> Result<Store, ServerError> {
+    ) -> Result<Store, StoreError> {
         use fencelock_storage::meta;
         let StoreIo {
             engine,
@@ -464,7 +467,7 @@ impl Store {
                 }
             });
         }
-        let storage_err = |e: fencelock_storage::Error| ServerError::Storage(e.to_string());
+        let storage_err = |e: fencelock_storage::Error| StoreError::Storage(e.to_string());
         let node_id = config.node_id;
         let ident = meta::load_ident(engine.as_ref()).map_err(storage_err)?;
         if ident.is_none() {
@@ -477,7 +480,7 @@ impl Store {
             )
             .map_err(storage_err)?;
         } else if ident.as_ref().map(|i| i.node_id) != Some(node_id) {
-            return Err(ServerError::Storage(format!(
+            return Err(StoreError::Storage(format!(
                 "data directory belongs to another node ({ident:?}), not node {node_id}"
             )));
         }
@@ -489,9 +492,7 @@ impl Store {
                 config.shard_count,
                 config.replication_factor as usize,
             )
-            .map_err(|e| {
-                ServerError::Storage(format!("cannot bootstrap the placement map: {e}"))
-            })?;
+            .map_err(|e| StoreError::Storage(format!("cannot bootstrap the placement map: {e}")))?;
             let mut batch = WriteBatch::new();
             let mut storages = Vec::new();
             for shard in map.shards() {
@@ -556,8 +557,8 @@ impl Store {
         &mut self,
         shard_id: u64,
         storage: ShardStorage<dyn Engine>,
-    ) -> Result<(), ServerError> {
-        let storage_err = |e: fencelock_storage::Error| ServerError::Storage(e.to_string());
+    ) -> Result<(), StoreError> {
+        let storage_err = |e: fencelock_storage::Error| StoreError::Storage(e.to_string());
         // The saved snapshot's size is reported as the shard's snapshot
         // bytes from the start, not only after the next one is taken.
         let (table, placement, applied, applied_term, snapshot_bytes) = match storage
@@ -565,14 +566,14 @@ impl Store {
         {
             Ok(Some(snap)) => {
                 let (table, placement) = decode_state(snap.get_data())
-                    .map_err(|e| ServerError::Storage(format!("shard {shard_id} snapshot: {e}")))?;
+                    .map_err(|e| StoreError::Storage(format!("shard {shard_id} snapshot: {e}")))?;
                 let md = snap.get_metadata();
                 let bytes = snap.get_data().len() as u64;
                 (table, placement, md.index, md.term, bytes)
             }
             Ok(None) => (
                 LockTable::with_slots(self.config.limits(), SlotSet::EMPTY)
-                    .map_err(|e| ServerError::Internal(e.to_string()))?,
+                    .map_err(|e| StoreError::Internal(e.to_string()))?,
                 None,
                 0,
                 0,
@@ -599,7 +600,7 @@ impl Store {
         };
         let logger = slog::Logger::root(slog::Discard, slog::o!());
         let raw = RawNode::new(&raft_config, storage, &logger)
-            .map_err(|e| ServerError::Storage(format!("shard {shard_id}: {e}")))?;
+            .map_err(|e| StoreError::Storage(format!("shard {shard_id}: {e}")))?;
         self.peers.insert(
             shard_id,
             Peer {
@@ -731,7 +732,7 @@ impl Store {
             self.write_or_die(&deferred, true);
         }
         self.obs.metrics.flush();
-        self.fail_everything(|_| ServerError::ShuttingDown);
+        self.fail_everything(|_| StoreError::ShuttingDown);
     }
 
     /// The node this store runs on.
@@ -818,7 +819,7 @@ impl Store {
                 match peer.raw.propose_conf_change(id.to_be_bytes().to_vec(), cc) {
                     Ok(()) => peer.track(id, vec![Responder::Done(tx)], now),
                     Err(e) => {
-                        let _ = tx.send(Err(ServerError::Internal(format!(
+                        let _ = tx.send(Err(StoreError::Internal(format!(
                             "configuration change refused: {e}"
                         ))));
                     }
@@ -849,7 +850,7 @@ impl Store {
                     if let Some((_, earlier)) = peer.epoch_queued.replace((epoch, tx)) {
                         respond_err(
                             Responder::Reply(earlier),
-                            ServerError::Internal("replaced by a later epoch".into()),
+                            StoreError::Internal("replaced by a later epoch".into()),
                         );
                     }
                 }
@@ -860,7 +861,7 @@ impl Store {
             StoreMsg::TransferLeader { shard_id, to, tx } => {
                 let is_leader = self.peers.get(&shard_id).map(|p| p.is_leader());
                 let result = match is_leader {
-                    None => Err(ServerError::ShardNotHere { shard_id }),
+                    None => Err(StoreError::ShardNotHere { shard_id }),
                     Some(false) => Err(self.leader_hint(shard_id)),
                     Some(true) => {
                         let peer = self.peers.get_mut(&shard_id).expect("checked");
@@ -875,11 +876,11 @@ impl Store {
     }
 
     /// Starts a replica of `shard_id` here; nothing if one exists.
-    fn create_peer(&mut self, shard_id: u64, init: PeerInit) -> Result<(), ServerError> {
+    fn create_peer(&mut self, shard_id: u64, init: PeerInit) -> Result<(), StoreError> {
         if self.peers.contains_key(&shard_id) {
             return Ok(());
         }
-        let storage_err = |e: fencelock_storage::Error| ServerError::Storage(e.to_string());
+        let storage_err = |e: fencelock_storage::Error| StoreError::Storage(e.to_string());
         let mut batch = WriteBatch::new();
         let mut storage = match init {
             PeerInit::Empty => {
@@ -888,7 +889,7 @@ impl Store {
             }
             PeerInit::NewShard { voters, epoch } => {
                 if !voters.contains(&self.node_id) {
-                    return Err(ServerError::InvalidArgument {
+                    return Err(StoreError::InvalidArgument {
                         field: "voters",
                         reason: format!("node {} is not among {voters:?}", self.node_id),
                     });
@@ -909,14 +910,14 @@ impl Store {
     /// docs/safety.md forbids. A replica never deletes itself on applying
     /// its own removal: a replica re-added later replays that removal from
     /// an older snapshot on its way to the configuration that has it again.
-    fn destroy_peer(&mut self, shard_id: u64, removed: bool) -> Result<(), ServerError> {
+    fn destroy_peer(&mut self, shard_id: u64, removed: bool) -> Result<(), StoreError> {
         let Some(peer) = self.peers.get(&shard_id) else {
             return Ok(());
         };
         let conf = peer.raw.raft.prs().conf().to_conf_state();
         let member = conf.voters.contains(&self.node_id) || conf.learners.contains(&self.node_id);
         if member && !removed {
-            return Err(ServerError::InvalidArgument {
+            return Err(StoreError::InvalidArgument {
                 field: "shard_id",
                 reason: format!(
                     "node {} is still a member of shard {shard_id}; remove it from the shard first",
@@ -930,12 +931,12 @@ impl Store {
         // exists, for a later replica of the same shard to find.
         self.flush_deferred();
         let mut peer = self.peers.remove(&shard_id).expect("checked");
-        fail_peer(&mut peer, ServerError::ShardNotHere { shard_id });
+        fail_peer(&mut peer, StoreError::ShardNotHere { shard_id });
         let mut batch = WriteBatch::new();
         peer.raw
             .mut_store()
             .destroy(&mut batch)
-            .map_err(|e| ServerError::Storage(e.to_string()))?;
+            .map_err(|e| StoreError::Storage(e.to_string()))?;
         fencelock_storage::meta::unregister_shard(&mut batch, shard_id);
         self.write_or_die(&batch, true);
         peer.raw.mut_store().on_persisted();
@@ -963,28 +964,28 @@ impl Store {
     /// The shard's replica if it is a leader ready to serve; otherwise the
     /// refusal that tells the caller where to go. The hint is only built on
     /// refusal: the ready path is every request's path.
-    fn ready_peer(&mut self, shard_id: u64) -> Result<&mut Peer, ServerError> {
+    fn ready_peer(&mut self, shard_id: u64) -> Result<&mut Peer, StoreError> {
         match self.peers.get(&shard_id) {
-            None => Err(ServerError::ShardNotHere { shard_id }),
+            None => Err(StoreError::ShardNotHere { shard_id }),
             Some(peer) if !peer.is_ready_leader() => Err(self.leader_hint(shard_id)),
             Some(_) => Ok(self.peers.get_mut(&shard_id).expect("checked above")),
         }
     }
 
     /// NotLeader with the leader's address, LeaderNotReady, or LeaderUnknown.
-    fn leader_hint(&self, shard_id: u64) -> ServerError {
+    fn leader_hint(&self, shard_id: u64) -> StoreError {
         let Some(peer) = self.peers.get(&shard_id) else {
-            return ServerError::LeaderUnknown { shard_id };
+            return StoreError::LeaderUnknown { shard_id };
         };
         let leader_id = peer.raw.raft.leader_id;
         if leader_id == 0 {
-            return ServerError::LeaderUnknown { shard_id };
+            return StoreError::LeaderUnknown { shard_id };
         }
         if leader_id == self.node_id {
             // We are the leader but not ready yet.
-            return ServerError::LeaderNotReady { shard_id };
+            return StoreError::LeaderNotReady { shard_id };
         }
-        ServerError::NotLeader {
+        StoreError::NotLeader {
             shard_id,
             leader: self.router.leader_info(leader_id),
         }
@@ -1018,7 +1019,7 @@ impl Store {
                     for r in p.responders {
                         respond_err(
                             r,
-                            ServerError::OutcomeUnknown {
+                            StoreError::OutcomeUnknown {
                                 shard_id: peer.shard_id,
                             },
                         );
@@ -1036,7 +1037,7 @@ impl Store {
                 .collect();
             for id in stale_reads {
                 if let Some(r) = peer.reads.remove(&id) {
-                    let _ = r.tx.send(Err(ServerError::NoQuorum {
+                    let _ = r.tx.send(Err(StoreError::NoQuorum {
                         shard_id: peer.shard_id,
                     }));
                 }
@@ -1118,7 +1119,7 @@ impl Store {
                 let peer = self.peers.get_mut(&shard_id).expect("listed");
                 let responder = Responder::Reply(tx);
                 match peer.clock.filter(|_| peer.is_leader()) {
-                    None => respond_err(responder, ServerError::LeaderUnknown { shard_id }),
+                    None => respond_err(responder, StoreError::LeaderUnknown { shard_id }),
                     Some(clock) => {
                         // A Tick: the entry must carry a command for the
                         // table to apply at the new epoch, and a Tick
@@ -1128,7 +1129,7 @@ impl Store {
                         match peer.raw.propose(id.to_be_bytes().to_vec(), data) {
                             Ok(()) => peer.track_commands(id, vec![responder], vec![None], now),
                             Err(_) => {
-                                respond_err(responder, ServerError::LeaderUnknown { shard_id })
+                                respond_err(responder, StoreError::LeaderUnknown { shard_id })
                             }
                         }
                     }
@@ -1145,7 +1146,7 @@ impl Store {
                 let id = self.next_proposal_id();
                 let peer = self.peers.get_mut(&shard_id).expect("listed");
                 let Some(clock) = peer.clock.filter(|_| peer.is_leader()) else {
-                    let hint_err = ServerError::LeaderUnknown { shard_id };
+                    let hint_err = StoreError::LeaderUnknown { shard_id };
                     for (_, r, _) in chunk {
                         respond_err(r, hint_err.clone());
                     }
@@ -1180,7 +1181,7 @@ impl Store {
                                 (command @ Command::Cancel { .. }, Responder::None) => {
                                     refused_cancels.push((command, Responder::None, caller));
                                 }
-                                (_, r) => respond_err(r, ServerError::LeaderUnknown { shard_id }),
+                                (_, r) => respond_err(r, StoreError::LeaderUnknown { shard_id }),
                             }
                         }
                     }
@@ -1196,7 +1197,7 @@ impl Store {
             let responders: Vec<Responder> = txs.into_iter().map(Responder::Meta).collect();
             let Some(clock) = peer.clock.filter(|_| peer.is_leader()) else {
                 for r in responders {
-                    respond_err(r, ServerError::LeaderUnknown { shard_id });
+                    respond_err(r, StoreError::LeaderUnknown { shard_id });
                 }
                 continue;
             };
@@ -1207,7 +1208,7 @@ impl Store {
                 Ok(()) => peer.track(id, responders, now),
                 Err(_) => {
                     for r in responders {
-                        respond_err(r, ServerError::LeaderUnknown { shard_id });
+                        respond_err(r, StoreError::LeaderUnknown { shard_id });
                     }
                 }
             }
@@ -1483,7 +1484,7 @@ impl Store {
         }
     }
 
-    fn fail_everything(&mut self, err: impl Fn(u64) -> ServerError) {
+    fn fail_everything(&mut self, err: impl Fn(u64) -> StoreError) {
         for peer in self.peers.values_mut() {
             let e = err(peer.shard_id);
             fail_peer(peer, e);
@@ -1492,7 +1493,7 @@ impl Store {
 }
 
 /// Answers everything waiting on `peer` with `e`.
-fn fail_peer(peer: &mut Peer, e: ServerError) {
+fn fail_peer(peer: &mut Peer, e: StoreError) {
     for (_, p) in peer.pending.drain() {
         for r in p.responders {
             respond_err(r, e.clone());
@@ -1598,23 +1599,23 @@ fn on_role_change(peer: &mut Peer, role: StateRole, time: &dyn Clock) {
     let shard_id = peer.shard_id;
     for (_, p) in peer.pending.drain() {
         for r in p.responders {
-            respond_err(r, ServerError::OutcomeUnknown { shard_id });
+            respond_err(r, StoreError::OutcomeUnknown { shard_id });
         }
     }
     for (_, r, _) in peer.queued.drain(..) {
-        respond_err(r, ServerError::LeaderUnknown { shard_id });
+        respond_err(r, StoreError::LeaderUnknown { shard_id });
     }
     for (_, tx) in peer.meta_queued.drain(..) {
-        let _ = tx.send(Err(ServerError::LeaderUnknown { shard_id }));
+        let _ = tx.send(Err(StoreError::LeaderUnknown { shard_id }));
     }
     if let Some((_, tx)) = peer.epoch_queued.take() {
-        let _ = tx.send(Err(ServerError::LeaderUnknown { shard_id }));
+        let _ = tx.send(Err(StoreError::LeaderUnknown { shard_id }));
     }
     for (_, r) in peer.reads.drain() {
-        let _ = r.tx.send(Err(ServerError::LeaderUnknown { shard_id }));
+        let _ = r.tx.send(Err(StoreError::LeaderUnknown { shard_id }));
     }
     for (_, w) in peer.waiting.drain() {
-        let _ = w.tx.send(Err(ServerError::OutcomeUnknown { shard_id }));
+        let _ = w.tx.send(Err(StoreError::OutcomeUnknown { shard_id }));
     }
 }
 
@@ -1651,7 +1652,7 @@ fn apply_entries(
             for r in responders {
                 respond_err(
                     r,
-                    ServerError::Internal("proposal dropped by raft; retry".into()),
+                    StoreError::Internal("proposal dropped by raft; retry".into()),
                 );
             }
             continue;
@@ -1746,7 +1747,7 @@ fn apply_placement(peer: &mut Peer, commands: &[PlacementCommand], responders: V
             let _ = tx.send(
                 result
                     .map(|reply| (reply, map.clone()))
-                    .map_err(ServerError::Placement),
+                    .map_err(StoreError::Placement),
             );
         }
     }
@@ -1802,7 +1803,7 @@ fn apply_conf_change(
             staged_or_die(peer.shard_id, "a configuration", staged);
             Ok(())
         }
-        Err(e) => Err(ServerError::Internal(format!(
+        Err(e) => Err(StoreError::Internal(format!(
             "configuration change refused: {e}"
         ))),
     };
@@ -1824,15 +1825,15 @@ fn respond(
     match responder {
         Responder::None => {}
         Responder::Reply(tx) => {
-            let _ = tx.send(reply.map_err(ServerError::Lock));
+            let _ = tx.send(reply.map_err(StoreError::Lock));
         }
         Responder::Done(tx) => {
-            let _ = tx.send(Err(ServerError::Internal(
+            let _ = tx.send(Err(StoreError::Internal(
                 "not a configuration change".into(),
             )));
         }
         Responder::Meta(tx) => {
-            let _ = tx.send(Err(ServerError::Internal("not a placement command".into())));
+            let _ = tx.send(Err(StoreError::Internal("not a placement command".into())));
         }
         Responder::Acquire { resource, tx } => match reply {
             Ok(Reply::Acquire(a)) => {
@@ -1870,12 +1871,12 @@ fn respond(
                 }
             }
             Ok(other) => {
-                let _ = tx.send(Err(ServerError::Internal(format!(
+                let _ = tx.send(Err(StoreError::Internal(format!(
                     "unexpected reply {other:?}"
                 ))));
             }
             Err(e) => {
-                let _ = tx.send(Err(ServerError::Lock(e)));
+                let _ = tx.send(Err(StoreError::Lock(e)));
             }
         },
     }
@@ -1948,7 +1949,7 @@ fn on_event(
             // shard's leader cancels it if no retry comes).
             peer.orphans.remove(lease_id);
             if let Some(w) = peer.waiting.remove(lease_id) {
-                let _ = w.tx.send(Err(ServerError::Lock(LockError::WrongShard {
+                let _ = w.tx.send(Err(StoreError::Lock(LockError::WrongShard {
                     slot: slot_of(resource),
                     epoch: peer.table.epoch(),
                 })));
@@ -2062,10 +2063,10 @@ fn sweep_orphans(peer: &mut Peer, now: Instant, force: bool) {
 /// current epoch where the reason needs it.
 fn finish_acquire(epoch: u64, reply: AcquireReply) -> AcquireResult {
     match reply.status {
-        AcquireStatus::WaitEnded(WaitEnd::TimedOut) => Err(ServerError::WaitTimedOut),
-        AcquireStatus::WaitEnded(WaitEnd::Cancelled) => Err(ServerError::WaitCancelled),
+        AcquireStatus::WaitEnded(WaitEnd::TimedOut) => Err(StoreError::WaitTimedOut),
+        AcquireStatus::WaitEnded(WaitEnd::Cancelled) => Err(StoreError::WaitCancelled),
         AcquireStatus::WaitEnded(WaitEnd::TokenSpaceExhausted) => {
-            Err(ServerError::Lock(LockError::TokenSpaceExhausted { epoch }))
+            Err(StoreError::Lock(LockError::TokenSpaceExhausted { epoch }))
         }
         _ => Ok(reply),
     }
@@ -2087,7 +2088,7 @@ fn serve_reads(peer: &mut Peer) {
                     epoch,
                 })
             } else {
-                Err(ServerError::Lock(LockError::WrongShard {
+                Err(StoreError::Lock(LockError::WrongShard {
                     slot: slot_of(&r.resource),
                     epoch,
                 }))
@@ -2149,7 +2150,7 @@ fn staged_or_die(shard_id: u64, what: &str, staged: fencelock_storage::Result<()
     }
 }
 
-fn respond_err(responder: Responder, err: ServerError) {
+fn respond_err(responder: Responder, err: StoreError) {
     match responder {
         Responder::None => {}
         Responder::Reply(tx) => {
@@ -2182,12 +2183,12 @@ const BOOTSTRAP_INDEX: u64 = 1;
 const BOOTSTRAP_TERM: u64 = 1;
 
 fn bootstrap_table(
-    config: &NodeConfig,
+    config: &StoreConfig,
     slots: SlotSet,
     epoch: u64,
-) -> Result<LockTable, ServerError> {
+) -> Result<LockTable, StoreError> {
     LockTable::bootstrap(config.limits(), slots, epoch, BOOTSTRAP_INDEX)
-        .map_err(|e| ServerError::Internal(e.to_string()))
+        .map_err(|e| StoreError::Internal(e.to_string()))
 }
 
 /// Stages a brand-new shard replica into `batch`: registration plus the
@@ -2200,8 +2201,8 @@ fn bootstrap_batch(
     table: &LockTable,
     placement: Option<&PlacementMap>,
     batch: &mut WriteBatch,
-) -> Result<ShardStorage<dyn Engine>, ServerError> {
-    let storage_err = |e: fencelock_storage::Error| ServerError::Storage(e.to_string());
+) -> Result<ShardStorage<dyn Engine>, StoreError> {
+    let storage_err = |e: fencelock_storage::Error| StoreError::Storage(e.to_string());
     fencelock_storage::meta::register_shard(batch, shard_id);
     let mut st = ShardStorage::open(engine.clone(), shard_id).map_err(storage_err)?;
     let mut snap = raft::prelude::Snapshot::default();

@@ -11,10 +11,10 @@ use fencelock_statemachine::{
     AcquireStatus, Command, Event, LeaseEnd, LeaseId, LockError, Reply, WaitEnd,
 };
 
+use super::audit::{AuditLog, AuditRecord};
 use super::hot::HotCounter;
+use super::metrics::StoreMetrics;
 use super::Caller;
-use crate::audit::{AuditLog, AuditRecord};
-use crate::metrics::StoreMetrics;
 
 /// The store loop's observers: its metric accumulators and the audit sink.
 pub struct Observers {

@@ -10,9 +10,9 @@ use std::time::{Duration, Instant};
 use fencelock_statemachine::{Command, LeaseId, Owner, ResourceName};
 use fencelock_storage::MemEngine;
 
+use super::audit::AuditLog;
+use super::metrics::StoreHandles;
 use super::*;
-use crate::audit::AuditLog;
-use crate::metrics::Metrics;
 
 thread_local! {
     /// The staging [`staged_or_die`] is told was refused (this thread only).
@@ -62,7 +62,7 @@ impl OneNode {
     /// A one-node cluster (meta shard and one data shard, one replica
     /// each) whose shards lead and are ready.
     fn start() -> OneNode {
-        let mut config = NodeConfig::for_test(1, "/nonexistent/store-unit", [(1, "10.0.0.1:7000")]);
+        let mut config = StoreConfig::for_test(1, [(1, "10.0.0.1:7000")]);
         config.shard_count = 1;
         config.replication_factor = 1;
         // Below what a config file may say: snapshots (and compactions, 5
@@ -81,7 +81,7 @@ impl OneNode {
         let (_tx, inbox) = crossbeam_channel::unbounded();
         let router = Arc::new(Router::new(config.peer_map()));
         let obs = Observers {
-            metrics: Metrics::new(1).store_locals(),
+            metrics: StoreHandles::register(&prometheus::Registry::new()).locals(),
             audit: AuditLog::disabled(),
         };
         let store = Store::open_with(config, io, inbox, Arc::default(), router, obs)
