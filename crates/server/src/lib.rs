@@ -55,7 +55,9 @@ pub use fencelock_controller::reshard;
 pub use fencelock_router as router;
 pub mod security;
 pub mod service;
-pub mod store;
+/// The multi-Raft store loop lives in `fencelock-multiraft`; re-exported
+/// for the server's callers.
+pub use fencelock_multiraft as store;
 pub mod transport;
 pub mod validate;
 

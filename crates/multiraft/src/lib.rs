@@ -65,7 +65,7 @@ use raft::prelude::{Entry, EntryType, Message};
 use raft::{RawNode, StateRole};
 use tokio::sync::oneshot;
 
-use crate::router::Router;
+use fencelock_router::Router;
 
 /// Requests and messages drained per loop iteration before proposing: bounds
 /// the latency one iteration adds while still batching under load.
