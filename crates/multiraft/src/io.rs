@@ -76,3 +76,8 @@ pub struct StoreIo {
     /// seeded tick timing spreads the elections instead. Production: false.
     pub fixed_election_timeout: bool,
 }
+
+/// This node's wall clock, in ms since the Unix epoch.
+pub fn wall_ms() -> u64 {
+    SystemClock.wall_ms()
+}

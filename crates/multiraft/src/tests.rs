@@ -12,7 +12,13 @@ use fencelock_storage::MemEngine;
 
 use super::audit::AuditLog;
 use super::metrics::StoreHandles;
+use fencelock_placement::META_SHARD_ID;
+use fencelock_router::Router;
+use raft::prelude::Message;
+use tokio::sync::oneshot;
+
 use super::*;
+use crate::replica::Peer;
 
 thread_local! {
     /// The staging [`staged_or_die`] is told was refused (this thread only).

@@ -1,0 +1,259 @@
+//! One shard replica on this node ([`Peer`]: its `RawNode`, lock table and
+//! what waits on it) and what the loop publishes of it ([`ShardStatus`]).
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::{Duration, Instant};
+
+use fencelock_placement::{PlacementCommand, PlacementMap};
+use fencelock_statemachine::{Command, LeaseId, LockTable, ResourceName};
+use fencelock_storage::{Engine, ShardStorage};
+use raft::{RawNode, StateRole};
+use tokio::sync::oneshot;
+
+use crate::apply::respond_err;
+use crate::msg::{AcquireResult, Caller, MetaResult, ReadReply, ReplyResult, Responder};
+use crate::{hot, Clock, HotEntry, StoreError};
+
+/// A proposal in flight.
+pub(crate) struct Pending {
+    pub(crate) term: u64,
+    pub(crate) proposed_at: Instant,
+    pub(crate) responders: Vec<Responder>,
+    /// Parallel to `responders` for lock commands; empty otherwise.
+    pub(crate) callers: Vec<Caller>,
+}
+
+/// What `take_pending` found for an entry.
+#[derive(Default)]
+pub(crate) struct Taken {
+    pub(crate) responders: Vec<Responder>,
+    pub(crate) callers: Vec<Caller>,
+    pub(crate) proposed_at: Option<Instant>,
+}
+
+pub(crate) struct PendingRead {
+    pub(crate) resource: ResourceName,
+    pub(crate) tx: oneshot::Sender<Result<ReadReply, StoreError>>,
+    pub(crate) asked_at: Instant,
+    /// Set once raft reported the read index.
+    pub(crate) index: Option<u64>,
+}
+
+/// An acquire waiting in a resource's queue.
+pub(crate) struct Waiting {
+    pub(crate) resource: ResourceName,
+    /// The attempt this caller is (named in the `Cancel` if it goes away).
+    pub(crate) attempt: u32,
+    pub(crate) tx: oneshot::Sender<AcquireResult>,
+    pub(crate) caller: Caller,
+}
+
+/// A waiter in the table whose caller is not registered with this leader
+/// (see [`sweep_orphans`]).
+pub(crate) struct Orphan {
+    pub(crate) resource: ResourceName,
+    /// Its latest attempt when it was first seen without a caller.
+    pub(crate) attempt: u32,
+    pub(crate) since: Instant,
+}
+
+/// The leader's clock: wall time read once at election plus monotonic time
+/// since, so a wall-clock step during a term does not move lease time
+/// (assumption A3 in docs/safety.md).
+#[derive(Clone, Copy)]
+pub(crate) struct LeaderClock {
+    pub(crate) wall_ms_at_start: u64,
+    pub(crate) started: Instant,
+}
+
+impl LeaderClock {
+    /// Lease time at monotonic instant `now`.
+    pub(crate) fn now_ms(&self, now: Instant) -> u64 {
+        self.wall_ms_at_start + now.saturating_duration_since(self.started).as_millis() as u64
+    }
+}
+
+/// One shard replica on this node.
+pub(crate) struct Peer {
+    pub(crate) shard_id: u64,
+    pub(crate) raw: RawNode<ShardStorage<dyn Engine>>,
+    pub(crate) table: LockTable,
+    /// The placement map, on replicas of the meta shard only.
+    pub(crate) placement: Option<PlacementMap>,
+    pub(crate) queued: Vec<(Command, Responder, Caller)>,
+    pub(crate) meta_queued: Vec<(PlacementCommand, oneshot::Sender<MetaResult>)>,
+    /// An epoch to start at the next flush (see `StoreMsg::AdoptEpoch`).
+    pub(crate) epoch_queued: Option<(u64, oneshot::Sender<ReplyResult>)>,
+    pub(crate) pending: HashMap<u64, Pending>,
+    pub(crate) reads: HashMap<u64, PendingRead>,
+    pub(crate) waiting: HashMap<LeaseId, Waiting>,
+    /// Ready leader: waiters nobody here waits for, since when.
+    pub(crate) orphans: BTreeMap<LeaseId, Orphan>,
+    /// Ready leader: when it next looks for orphans (`None`: at once).
+    pub(crate) next_orphan_scan: Option<Instant>,
+    /// How long a waiter may stay without a caller here before the leader
+    /// cancels it: the proposal timeout.
+    pub(crate) orphan_grace: Duration,
+    pub(crate) clock: Option<LeaderClock>,
+    /// Propose `LeaderChanged` at the next flush.
+    pub(crate) needs_leader_changed: bool,
+    /// When this leader last proposed its `LeaderChanged` entry: if it has
+    /// not applied within the proposal timeout (dropped during a leadership
+    /// transfer, say), it is proposed again rather than leaving the shard
+    /// refusing requests forever.
+    pub(crate) leader_changed_at: Option<Instant>,
+    pub(crate) tick_in_flight: Option<u64>,
+    pub(crate) applied_index: u64,
+    pub(crate) applied_term: u64,
+    pub(crate) last_snapshot_index: u64,
+    /// Size of the latest snapshot's data: the saved one the replica
+    /// started from, or the last it took or installed.
+    pub(crate) last_snapshot_bytes: u64,
+    pub(crate) snapshots_installed: u64,
+    /// Since when this replica has known no leader.
+    pub(crate) leaderless_since: Option<Instant>,
+    /// The hottest resources, counted while this replica leads.
+    pub(crate) hot: hot::HotCounter,
+    /// Leader: ticks each replica has spent waiting for a snapshot
+    /// (see [`SNAPSHOT_RESEND_TICKS`]).
+    pub(crate) snapshot_wait_ticks: BTreeMap<u64, u32>,
+}
+
+impl Peer {
+    pub(crate) fn is_leader(&self) -> bool {
+        self.raw.raft.state == StateRole::Leader
+    }
+
+    /// Remembers who waits for the entry proposed with context `id` at
+    /// `now`.
+    pub(crate) fn track(&mut self, id: u64, responders: Vec<Responder>, now: Instant) {
+        self.track_commands(id, responders, Vec::new(), now);
+    }
+
+    /// [`Peer::track`] for lock commands, with who asked for each.
+    pub(crate) fn track_commands(
+        &mut self,
+        id: u64,
+        responders: Vec<Responder>,
+        callers: Vec<Caller>,
+        now: Instant,
+    ) {
+        let term = self.raw.raft.term;
+        self.pending.insert(
+            id,
+            Pending {
+                term,
+                proposed_at: now,
+                responders,
+                callers,
+            },
+        );
+    }
+
+    /// Leader whose `LeaderChanged` entry has been applied in its term.
+    pub(crate) fn is_ready_leader(&self) -> bool {
+        self.is_leader() && self.table.leader_term() == self.raw.raft.term
+    }
+}
+
+/// Per-shard numbers for tests and admin views.
+#[derive(Clone, Debug, Default)]
+pub struct ShardStatus {
+    pub shard_id: u64,
+    pub leader_id: u64,
+    pub term: u64,
+    pub is_leader: bool,
+    pub applied_index: u64,
+    pub held: usize,
+    /// Dedup entries this replica keeps (live and retained outcomes).
+    pub dedup_entries: usize,
+    /// Size of the latest snapshot's data: the one this replica started
+    /// from, or the last it took or installed.
+    pub snapshot_bytes: u64,
+    /// Snapshots received from a leader and installed since start.
+    pub snapshots_installed: u64,
+    pub commit_index: u64,
+    pub epoch: u64,
+    /// Token positions left in the current epoch before new acquires are
+    /// refused (see [`EPOCH_ADVANCE_POSITIONS_LEFT`]).
+    pub token_positions_left: u64,
+    pub waiters: usize,
+    pub voters: Vec<u64>,
+    pub learners: Vec<u64>,
+    /// Slots this replica's table serves.
+    pub owned_slots: u32,
+    pub pending_exports: Vec<u64>,
+    /// How long this replica has known no leader (0 while it knows one).
+    pub leaderless_ms: u64,
+    /// The hottest resources while this replica leads, most acquired first
+    /// (at most [`HOT_REPORTED_PER_SHARD`]).
+    pub hot: Vec<HotEntry>,
+}
+
+/// Answers everything waiting on `peer` with `e`.
+pub(crate) fn fail_peer(peer: &mut Peer, e: StoreError) {
+    for (_, p) in peer.pending.drain() {
+        for r in p.responders {
+            respond_err(r, e.clone());
+        }
+    }
+    for (_, r, _) in peer.queued.drain(..) {
+        respond_err(r, e.clone());
+    }
+    for (_, tx) in peer.meta_queued.drain(..) {
+        let _ = tx.send(Err(e.clone()));
+    }
+    if let Some((_, tx)) = peer.epoch_queued.take() {
+        let _ = tx.send(Err(e.clone()));
+    }
+    for (_, r) in peer.reads.drain() {
+        let _ = r.tx.send(Err(e.clone()));
+    }
+    for (_, w) in peer.waiting.drain() {
+        let _ = w.tx.send(Err(e.clone()));
+    }
+}
+
+pub(crate) fn on_role_change(peer: &mut Peer, role: StateRole, time: &dyn Clock) {
+    if role == StateRole::Leader {
+        // Lease time continues from the highest stamp in the log, never
+        // earlier, even if this node's wall clock is behind.
+        let start = time.wall_ms().max(peer.table.clock_ms());
+        peer.clock = Some(LeaderClock {
+            wall_ms_at_start: start,
+            started: time.now(),
+        });
+        peer.needs_leader_changed = true;
+        return;
+    }
+    peer.clock = None;
+    peer.hot.clear();
+    peer.orphans.clear();
+    peer.next_orphan_scan = None;
+    peer.needs_leader_changed = false;
+    peer.leader_changed_at = None;
+    peer.tick_in_flight = None;
+    // Entries already proposed may still commit under the next leader: their
+    // outcome is unknown, and a retry by requestId finds it.
+    let shard_id = peer.shard_id;
+    for (_, p) in peer.pending.drain() {
+        for r in p.responders {
+            respond_err(r, StoreError::OutcomeUnknown { shard_id });
+        }
+    }
+    for (_, r, _) in peer.queued.drain(..) {
+        respond_err(r, StoreError::LeaderUnknown { shard_id });
+    }
+    for (_, tx) in peer.meta_queued.drain(..) {
+        let _ = tx.send(Err(StoreError::LeaderUnknown { shard_id }));
+    }
+    if let Some((_, tx)) = peer.epoch_queued.take() {
+        let _ = tx.send(Err(StoreError::LeaderUnknown { shard_id }));
+    }
+    for (_, r) in peer.reads.drain() {
+        let _ = r.tx.send(Err(StoreError::LeaderUnknown { shard_id }));
+    }
+    for (_, w) in peer.waiting.drain() {
+        let _ = w.tx.send(Err(StoreError::OutcomeUnknown { shard_id }));
+    }
+}
