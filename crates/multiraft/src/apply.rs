@@ -30,6 +30,17 @@ pub(crate) fn apply_entries(
         if entry.index <= peer.applied_index {
             continue;
         }
+        // raft-rs hands committed entries over in order and without holes
+        // (after a snapshot, from the one after it). Applying across a gap
+        // would run a later command on a table that never saw an earlier
+        // one: replicas would diverge. Stop instead (fail-stop).
+        assert!(
+            entry.index == peer.applied_index + 1,
+            "shard {}: committed entry {} does not follow the applied index {} (a gap in the log)",
+            peer.shard_id,
+            entry.index,
+            peer.applied_index
+        );
         peer.applied_index = entry.index;
         peer.applied_term = entry.term;
         let Taken {

@@ -23,7 +23,7 @@ pub struct Observers {
 }
 
 /// What one apply pass needs from the observers.
-pub(super) struct ApplyObs<'a> {
+pub(crate) struct ApplyObs<'a> {
     pub metrics: &'a mut StoreMetrics,
     pub audit: &'a AuditLog,
     /// The store's clock (for the commit-to-apply time).

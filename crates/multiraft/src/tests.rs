@@ -14,7 +14,8 @@ use super::audit::AuditLog;
 use super::metrics::StoreHandles;
 use fencelock_placement::META_SHARD_ID;
 use fencelock_router::Router;
-use raft::prelude::Message;
+use fencelock_storage::WriteBatch;
+use raft::prelude::{Entry, Message};
 use tokio::sync::oneshot;
 
 use super::*;
@@ -54,6 +55,40 @@ struct NullSink;
 impl PeerSink for NullSink {
     fn send(&self, _to: u64, _envelopes: Vec<Envelope>) {}
     fn add_peer(&self, _node_id: u64, _addr: &str) {}
+}
+
+/// The apply path relies on committed entries following the applied index
+/// without a hole; it checks that where it applies them and stops with
+/// both numbers if not.
+#[test]
+fn a_gap_between_the_applied_index_and_the_next_committed_entry_stops_the_store() {
+    let mut node = OneNode::start();
+    node.propose_entry();
+    let applied = node.data().applied_index;
+    let mut gap = Entry::default();
+    gap.index = applied + 2;
+    gap.term = node.data().applied_term;
+    let store = &mut node.store;
+    let peer = store.peers.get_mut(&DATA_SHARD).expect("the data shard");
+    let mut batch = WriteBatch::new();
+    let mut obs = crate::observe::ApplyObs {
+        metrics: &mut store.obs.metrics,
+        audit: &store.obs.audit,
+        clock: store.time.as_ref(),
+        committed_at: Instant::now(),
+    };
+    let panic = catch_unwind(AssertUnwindSafe(|| {
+        crate::apply::apply_entries(peer, vec![gap], &mut batch, &mut obs)
+    }))
+    .expect_err("applying across a gap must stop the store");
+    let message = panic.downcast_ref::<String>().cloned().unwrap_or_default();
+    assert!(
+        message.contains(&format!(
+            "committed entry {} does not follow the applied index {applied}",
+            applied + 2
+        )),
+        "{message}"
+    );
 }
 
 /// The data shard of the one-node cluster (shard 0 is the meta shard).
