@@ -2,8 +2,9 @@
 //!
 //! * [`config`] — the node's configuration file, defaults and validation.
 //! * [`errors`] — the crate's error type and its mapping to gRPC statuses.
-//! * [`netfilter`] — fault rules (partitions, drops, delays) applied by the
-//!   transport, for the in-process cluster tests and fault injection.
+//! * `netfilter` — fault rules (partitions, drops, delays) applied by the
+//!   transport, for the in-process cluster tests (feature `fault-rules`:
+//!   test builds only).
 //! * [`transport`] — one long-lived gRPC stream per peer carrying batches of
 //!   Raft messages for all shards.
 //! * [`store`] — the multi-Raft store loop: one thread drives every shard's
@@ -43,6 +44,7 @@ pub mod errors;
 pub mod lifecycle;
 pub mod logging;
 pub mod metrics;
+#[cfg(feature = "fault-rules")]
 pub mod netfilter;
 pub mod node;
 pub mod ops;

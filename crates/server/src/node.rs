@@ -15,6 +15,7 @@ use crate::config::NodeConfig;
 use crate::errors::ServerError;
 use crate::lifecycle::Lifecycle;
 use crate::metrics::{Metrics, NodeSnapshot};
+#[cfg(feature = "fault-rules")]
 use crate::netfilter::NetworkRules;
 use crate::peers::PeerChannels;
 use crate::router::Router;
@@ -295,13 +296,24 @@ async fn advance_low_epochs(
 impl Node {
     /// Starts a node with no injected faults.
     pub async fn start(config: NodeConfig) -> Result<Node, ServerError> {
-        Self::start_with_rules(config, Arc::new(NetworkRules::default())).await
+        Self::open(config, |transport| transport).await
     }
 
-    /// Starts a node whose outgoing peer traffic obeys `rules` (tests).
+    /// Starts a node whose outgoing peer traffic obeys `rules` (test builds
+    /// only: feature `fault-rules`).
+    #[cfg(feature = "fault-rules")]
     pub async fn start_with_rules(
         config: NodeConfig,
         rules: Arc<NetworkRules>,
+    ) -> Result<Node, ServerError> {
+        Self::open(config, move |transport| transport.with_fault_rules(rules)).await
+    }
+
+    /// Starts a node; `transport` may change the peer transport before it
+    /// is used (fault rules in tests).
+    async fn open(
+        config: NodeConfig,
+        transport: impl FnOnce(Transport) -> Transport,
     ) -> Result<Node, ServerError> {
         config.validate().map_err(ServerError::Config)?;
         crate::security::prepare_data_dir(&config.data_dir)
@@ -333,14 +345,13 @@ impl Node {
         )
         .map_err(|e| ServerError::Storage(format!("cannot open the audit log: {e}")))?;
         let metrics = Arc::new(Metrics::new(config.node_id));
-        let transport = Arc::new(Transport::with_tls(
+        let transport = Arc::new(transport(Transport::with_tls(
             config.node_id,
             config.peer_map(),
-            rules,
             config.raft.peer_queue_depth,
             tokio::runtime::Handle::current(),
             tls.clone(),
-        ));
+        )));
         let (store_tx, store_rx) = crossbeam_channel::bounded(config.raft.store_queue_depth);
         let status = Arc::new(Mutex::new(Vec::new()));
         let router = Arc::new(Router::new(config.peer_map()));

@@ -5,7 +5,7 @@
 //!
 //! - [`Transport`], the sending side. The store loop (a plain thread) hands
 //!   it the messages of one `Ready` with [`Transport::send`], which never
-//!   blocks: it applies the [`NetworkRules`] verdict and puts the messages on
+//!   blocks: it puts the messages on
 //!   the destination peer's bounded queue. One task per peer owns one
 //!   long-lived client-streaming call to that peer and sends everything
 //!   queued at that moment as one `RaftBatch`, so under load many Raft
@@ -21,7 +21,9 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+#[cfg(feature = "fault-rules")]
+use std::sync::atomic::AtomicUsize;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -39,6 +41,7 @@ use tonic::{Request, Response, Status, Streaming};
 use crate::internal::raft_transport_client::RaftTransportClient;
 use crate::internal::raft_transport_server::{self, RaftTransportServer};
 use crate::internal::{RaftBatch, RaftEnvelope, StreamAck};
+#[cfg(feature = "fault-rules")]
 use crate::netfilter::{NetworkRules, Verdict};
 /// The store owns the message type and the sink trait the transport implements.
 pub use crate::store::{Envelope, PeerSink};
@@ -103,8 +106,9 @@ const HTTP2_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(5);
 /// dead and the stream reconnects.
 const HTTP2_KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Most messages waiting out a [`Verdict::Delay`] at once, over all peers.
+/// Most messages waiting out a fault rule's delay at once, over all peers.
 /// Each one holds a timer; beyond this, delayed messages are dropped.
+#[cfg(feature = "fault-rules")]
 const MAX_DELAYED_MESSAGES: usize = 65_536;
 
 /// The callback [`RaftService`] hands inbound messages to: the sending node
@@ -123,6 +127,7 @@ struct Shared {
     /// Messages handed to a stream, over all batches.
     messages_sent_total: AtomicU64,
     /// Messages currently waiting out a delay rule.
+    #[cfg(feature = "fault-rules")]
     delayed_in_flight: AtomicUsize,
 }
 
@@ -136,6 +141,10 @@ impl Shared {
 /// The sending side of the peer transport; see the module documentation.
 pub struct Transport {
     self_id: u64,
+    /// Test builds only (feature `fault-rules`): what the network does to
+    /// each message. Absent from production builds, so the send path there
+    /// has no fault code on it at all.
+    #[cfg(feature = "fault-rules")]
     rules: Arc<NetworkRules>,
     runtime: Handle,
     /// The queue of each known peer, drained by that peer's task. Grows
@@ -180,14 +189,12 @@ impl Transport {
     pub fn new(
         self_id: u64,
         peers: BTreeMap<u64, String>,
-        rules: Arc<NetworkRules>,
         queue_depth: usize,
         runtime: Handle,
     ) -> Transport {
         Self::with_tls(
             self_id,
             peers,
-            rules,
             queue_depth,
             runtime,
             crate::security::PeerTls::insecure(),
@@ -198,7 +205,6 @@ impl Transport {
     pub fn with_tls(
         self_id: u64,
         peers: BTreeMap<u64, String>,
-        rules: Arc<NetworkRules>,
         queue_depth: usize,
         runtime: Handle,
         tls: crate::security::PeerTls,
@@ -206,7 +212,8 @@ impl Transport {
         assert!(queue_depth > 0, "peer queue depth must be positive");
         let transport = Transport {
             self_id,
-            rules,
+            #[cfg(feature = "fault-rules")]
+            rules: Arc::new(NetworkRules::default()),
             runtime,
             queues: std::sync::RwLock::new(BTreeMap::new()),
             queue_depth,
@@ -275,23 +282,38 @@ impl Transport {
                 return;
             }
         };
+        #[cfg(feature = "fault-rules")]
         let mut delayed = Vec::new();
         for envelope in msgs {
             // One verdict per message, so a drop rate loses single messages
             // the way a lossy network does, not whole `Ready`s.
-            match self.rules.verdict(self.self_id, to) {
-                Verdict::Deliver => {
-                    if queue.try_send(envelope).is_err() {
-                        self.shared.count_dropped(1);
-                    }
+            #[cfg(feature = "fault-rules")]
+            let envelope = match self.rules.verdict(self.self_id, to) {
+                Verdict::Deliver => envelope,
+                Verdict::Drop => {
+                    self.shared.count_dropped(1);
+                    continue;
                 }
-                Verdict::Drop => self.shared.count_dropped(1),
-                Verdict::Delay(delay) => delayed.push((delay, envelope)),
+                Verdict::Delay(delay) => {
+                    delayed.push((delay, envelope));
+                    continue;
+                }
+            };
+            if queue.try_send(envelope).is_err() {
+                self.shared.count_dropped(1);
             }
         }
+        #[cfg(feature = "fault-rules")]
         if !delayed.is_empty() {
             self.deliver_later(queue.clone(), delayed);
         }
+    }
+
+    /// Makes every later message obey `rules` (test builds only).
+    #[cfg(feature = "fault-rules")]
+    pub fn with_fault_rules(mut self, rules: Arc<NetworkRules>) -> Transport {
+        self.rules = rules;
+        self
     }
 
     /// Messages dropped so far, for any reason, before reaching a stream.
@@ -324,6 +346,7 @@ impl Transport {
     /// Puts `delayed` on `queue` once each message's delay has passed,
     /// without holding up the caller. Messages keep their order; the delay
     /// counts from now, not from when the previous one was queued.
+    #[cfg(feature = "fault-rules")]
     fn deliver_later(&self, queue: mpsc::Sender<Envelope>, delayed: Vec<(Duration, Envelope)>) {
         let count = delayed.len();
         let in_flight = self

@@ -8,6 +8,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod architecture;
 mod client_lib;
 mod cluster;
 mod config;

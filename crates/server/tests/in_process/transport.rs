@@ -128,10 +128,10 @@ fn sender(address: SocketAddr, rules: Arc<NetworkRules>) -> Transport {
     Transport::new(
         SENDER,
         peers,
-        rules,
         QUEUE_DEPTH,
         tokio::runtime::Handle::current(),
     )
+    .with_fault_rules(rules)
 }
 
 /// A recognisable Raft message: `seq` travels in the `index` field.
