@@ -44,8 +44,9 @@ pub mod errors;
 pub mod lifecycle;
 pub mod logging;
 pub mod metrics;
+/// The fault rules live with the transport (test builds only).
 #[cfg(feature = "fault-rules")]
-pub mod netfilter;
+pub use fencelock_transport::netfilter;
 pub mod node;
 pub mod ops;
 pub mod peers;
@@ -60,7 +61,9 @@ pub mod service;
 /// The multi-Raft store loop lives in `fencelock-multiraft`; re-exported
 /// for the server's callers.
 pub use fencelock_multiraft as store;
-pub mod transport;
+/// The peer transport lives in `fencelock-transport`; re-exported for the
+/// server's callers.
+pub use fencelock_transport as transport;
 pub mod validate;
 
 /// Generated code of the internal peer protocol (`proto/fencelock/internal`),

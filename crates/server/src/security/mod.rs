@@ -24,7 +24,8 @@ pub mod certs;
 pub mod conn;
 pub mod identity;
 pub mod rate;
-pub mod tls;
+/// TLS material and how peers are dialed: the transport's.
+pub use fencelock_transport::tls;
 
 use std::path::Path;
 

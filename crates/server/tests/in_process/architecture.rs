@@ -97,7 +97,7 @@ fn the_fault_rule_hook_is_not_compiled_into_a_release_build() {
             "-e",
             edges,
             "-i",
-            "fencelock-server",
+            "fencelock-transport",
             "-f",
             "{p} {f}",
         ])

@@ -38,13 +38,17 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::Endpoint;
 use tonic::{Request, Response, Status, Streaming};
 
-use crate::internal::raft_transport_client::RaftTransportClient;
-use crate::internal::raft_transport_server::{self, RaftTransportServer};
-use crate::internal::{RaftBatch, RaftEnvelope, StreamAck};
+use fencelock_api::internal::raft_transport_client::RaftTransportClient;
+use fencelock_api::internal::raft_transport_server::{self, RaftTransportServer};
+use fencelock_api::internal::{RaftBatch, RaftEnvelope, StreamAck};
+#[cfg(feature = "fault-rules")]
+pub mod netfilter;
+pub mod tls;
+
 #[cfg(feature = "fault-rules")]
 use crate::netfilter::{NetworkRules, Verdict};
 /// The store owns the message type and the sink trait the transport implements.
-pub use crate::store::{Envelope, PeerSink};
+pub use fencelock_multiraft::{Envelope, PeerSink};
 
 /// Most messages the sender puts in one `RaftBatch`. Bounds the work and
 /// memory of one frame; under a burst the rest simply go in the next one.
@@ -156,7 +160,7 @@ pub struct Transport {
     shared: Arc<Shared>,
     /// How peers are dialed: mutual TLS with the node's certificate, or
     /// plaintext in insecure mode.
-    tls: crate::security::PeerTls,
+    tls: crate::tls::PeerTls,
 }
 
 impl fmt::Debug for Transport {
@@ -197,7 +201,7 @@ impl Transport {
             peers,
             queue_depth,
             runtime,
-            crate::security::PeerTls::insecure(),
+            crate::tls::PeerTls::insecure(),
         )
     }
 
@@ -207,7 +211,7 @@ impl Transport {
         peers: BTreeMap<u64, String>,
         queue_depth: usize,
         runtime: Handle,
-        tls: crate::security::PeerTls,
+        tls: crate::tls::PeerTls,
     ) -> Transport {
         assert!(queue_depth > 0, "peer queue depth must be positive");
         let transport = Transport {
@@ -384,7 +388,7 @@ impl Drop for Transport {
 
 /// The gRPC endpoint for a peer at `host:port`.
 fn peer_endpoint(
-    tls: &crate::security::PeerTls,
+    tls: &crate::tls::PeerTls,
     address: &str,
 ) -> Result<Endpoint, tonic::transport::Error> {
     Ok(tls
