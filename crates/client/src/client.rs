@@ -321,7 +321,7 @@ impl Client {
             inner
                 .router
                 .learn(Some(resource), response.shard_id, &answer.url);
-            return Inner::hold(inner, resource, answer, deadline).await;
+            return Inner::hold(inner, resource, answer, deadline, request_id).await;
         }
     }
 
@@ -558,6 +558,7 @@ impl Inner {
         resource: &str,
         answer: Answer<AcquireResponse>,
         acquire_deadline: Instant,
+        request_id: RequestId,
     ) -> Result<LockGuard, ClientError> {
         let response = answer.value;
         let ttl_ms = response.lease_ttl_ms;
@@ -617,6 +618,7 @@ impl Inner {
             fencing_token: response.fencing_token,
             shard_id: response.shard_id,
             deduplicated: response.deduplicated,
+            request_id,
             timing: Mutex::new(Timing {
                 lease_ttl_ms: renewed_ttl_ms,
                 expires_at_ms,

@@ -113,6 +113,7 @@ pub(crate) struct LeaseEntry {
     pub fencing_token: i64,
     pub shard_id: u64,
     pub deduplicated: bool,
+    pub request_id: crate::client::RequestId,
     pub timing: Mutex<Timing>,
     pub status: watch::Sender<LeaseStatus>,
 }
@@ -227,6 +228,12 @@ impl LockGuard {
     /// reply was lost): the same lease the first attempt was granted.
     pub fn deduplicated(&self) -> bool {
         self.entry.deduplicated
+    }
+
+    /// The request id of the logical acquire that was granted this lease
+    /// (the one sent on every retry of that acquire).
+    pub fn request_id(&self) -> &crate::client::RequestId {
+        &self.entry.request_id
     }
 
     /// The server's expiry of the lease after the last confirmed renewal:

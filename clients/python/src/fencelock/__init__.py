@@ -14,6 +14,7 @@ PostgreSQL fencing: ``fencelock.fencing.PgFenceStore`` (extra ``postgres``).
 """
 
 from ._version import __version__
+from .aio import AsyncClient, AsyncLease
 from .client import Client, ClientStats, Lease
 from .config import ClientConfig, TlsConfig
 from .errors import (
@@ -36,6 +37,8 @@ from .errors import (
 
 __all__ = [
     "__version__",
+    "AsyncClient",
+    "AsyncLease",
     "Client",
     "ClientConfig",
     "ClientStats",
