@@ -9,7 +9,7 @@ CARGO_TARGET_DIR ?= $(HOME)/.cache/fencelock/target
 export CARGO_TARGET_DIR
 CARGO ?= cargo
 
-.PHONY: deps build test lint fmt run clean check-deploy
+.PHONY: deps build test test-clients lint fmt run clean check-deploy
 
 deps:
 	@deploy/scripts/ensure-deps.sh
@@ -19,6 +19,13 @@ build: deps
 
 test: deps
 	$(CARGO) test --locked --workspace
+	$(MAKE) test-clients
+
+# The Python client's unit tests and mypy, Node's own tests when clients/node
+# has them, and the conformance suite of every client (Python, Rust, Node)
+# against a real cluster of the binary built above (clients/test.sh).
+test-clients:
+	FENCELOCK_BIN=$${FENCELOCK_BIN:-$(CARGO_TARGET_DIR)/debug/fencelock} clients/test.sh
 
 lint: deps
 	$(CARGO) fmt --all -- --check
