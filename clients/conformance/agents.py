@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any, Optional
 
 REPO = Path(__file__).resolve().parents[2]
-ALL_AGENTS = ("python", "rust", "node")
+#: python-asyncio is the Python agent driving fencelock.aio.AsyncClient.
+ALL_AGENTS = ("python", "python-asyncio", "rust", "node")
 
 
 def _rust_agent() -> Optional[Path]:
@@ -33,7 +34,7 @@ def _rust_agent() -> Optional[Path]:
 
 def agent_command(name: str) -> Optional[list[str]]:
     """The agent's command line, or None if it is not available here."""
-    if name == "python":
+    if name in ("python", "python-asyncio"):
         python = os.environ.get("CLIENTS_PYTHON", sys.executable)
         return [python, str(REPO / "clients" / "python" / "conformance_agent.py")]
     if name == "rust":
@@ -101,6 +102,7 @@ class Agent:
         full_env.update(env or {})
         if name != "python":  # test modes are for the Python agent only
             full_env.pop("FENCELOCK_AGENT_BROKEN", None)
+        full_env["FENCELOCK_AGENT_API"] = "asyncio" if name == "python-asyncio" else "sync"
         with open(stderr_path, "wb") as err:
             proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err,
                                     cwd=REPO, env=full_env)

@@ -3,6 +3,9 @@
 the `fencelock` package's sync client on behalf of the conformance suite,
 JSON lines on stdin/stdout.
 
+FENCELOCK_AGENT_API=asyncio drives fencelock.aio.AsyncClient instead (the
+suite's agent "python-asyncio").
+
 Test modes (FENCELOCK_AGENT_BROKEN), to prove the suite can fail; they
 break the client from the outside (monkeypatching), the package has no
 such switch:
@@ -26,6 +29,7 @@ from fencelock import (Client, ClientConfig, FencelockError, InvalidArgumentErro
 from fencelock import _core
 
 BROKEN = os.environ.get("FENCELOCK_AGENT_BROKEN", "")
+API = os.environ.get("FENCELOCK_AGENT_API", "sync")
 
 _out_lock = threading.Lock()
 
@@ -58,6 +62,66 @@ def map_error(e: BaseException) -> dict[str, Any]:
     return error("agent", f"{type(e).__name__}: {e}")
 
 
+class _AsyncAdapter:
+    """Runs fencelock.aio on a loop thread behind the sync client's API, so
+    the same agent code drives either."""
+
+    def __init__(self, endpoints: list[str], config: ClientConfig) -> None:
+        import asyncio
+
+        from fencelock.aio import AsyncClient
+
+        self._asyncio = asyncio
+        self.loop = asyncio.new_event_loop()
+        threading.Thread(target=self.loop.run_forever, daemon=True).start()
+
+        async def make() -> AsyncClient:
+            return AsyncClient(endpoints, config)
+
+        self.client = self.run(make())
+
+    def run(self, coro: Any) -> Any:
+        return self._asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+
+    def acquire(self, resource: str, ttl: float, wait: float, request_id: Optional[bytes]) -> Any:
+        return _AsyncLeaseAdapter(self, self.run(self.client.acquire(resource, ttl=ttl, wait=wait, request_id=request_id)))
+
+    def get(self, resource: str) -> Any:
+        return self.run(self.client.get(resource))
+
+    @property
+    def stats(self) -> Any:
+        return self.client.stats
+
+    def close(self, release_timeout: float) -> None:
+        self.run(self.client.close(release_timeout=release_timeout))
+
+
+class _AsyncLeaseAdapter:
+    def __init__(self, adapter: _AsyncAdapter, lease: Any) -> None:
+        self._a = adapter
+        self._lease = lease
+        self._core = lease._core
+        self.lost = self  # .is_set()
+
+    def is_set(self) -> bool:
+        return bool(self._lease.lost.is_set())
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._lease, name)
+
+    def wait_lost(self, timeout: float) -> None:
+        async def w() -> None:
+            try:
+                await self._a._asyncio.wait_for(self._lease.lost.wait(), timeout=timeout)
+            except self._a._asyncio.TimeoutError:
+                pass
+        self._a.run(w())
+
+    def release(self) -> bool:
+        return bool(self._a.run(self._lease.release()))
+
+
 class Agent:
     def __init__(self) -> None:
         self.client: Optional[Client] = None
@@ -73,7 +137,7 @@ class Agent:
         return lease
 
     def op_hello(self, m: dict[str, Any]) -> dict[str, Any]:
-        return {"agent": "python", "client_version": fencelock.__version__, "protocol": 1}
+        return {"agent": "python" if API == "sync" else "python-asyncio", "client_version": fencelock.__version__, "protocol": 1}
 
     def op_connect(self, m: dict[str, Any]) -> dict[str, Any]:
         tls = m.get("tls")
@@ -82,9 +146,12 @@ class Agent:
             tls=TlsConfig.from_files(tls["ca_file"], tls["cert_file"], tls["key_file"]) if tls else None,
             **overrides,
         )
-        self.client = Client(list(m["endpoints"]), config)
+        self.client = Client(list(m["endpoints"]), config) if API == "sync" else _AsyncAdapter(list(m["endpoints"]), config)  # type: ignore[assignment]
         if BROKEN == "no-renew":
-            self.client._renew_batch = lambda url, leases: None  # type: ignore[method-assign]
+            async def no_renew(url: str, leases: Any) -> None:
+                return None
+            target = self.client.client if isinstance(self.client, _AsyncAdapter) else self.client
+            target._renew_batch = no_renew if API != "sync" else (lambda url, leases: None)  # type: ignore
         elif BROKEN == "reuse-request-id":
             _core.new_request_id = lambda: b"conformance-fixed-request-id"
         elif BROKEN:
