@@ -15,7 +15,6 @@ use fencelock_client::{
     LostReason, RequestId,
 };
 use serde_json::{json, Map, Value};
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
 
 type Reply = Result<Value, Value>;
 
@@ -38,10 +37,7 @@ fn err(kind: &str, message: impl ToString, reason: Option<String>, code: Option<
 
 fn reason_name(reason: i32) -> String {
     match fencelock_client::proto::Reason::try_from(reason) {
-        Ok(r) => r
-            .as_str_name()
-            .trim_start_matches("REASON_")
-            .to_string(),
+        Ok(r) => r.as_str_name().trim_start_matches("REASON_").to_string(),
         Err(_) => format!("REASON_{reason}"),
     }
 }
@@ -96,12 +92,7 @@ fn map_error(e: &ClientError) -> Value {
             err("invalid_config", e, None, None)
         }
         ClientError::InvalidArgument(_) => err("invalid_argument", e, None, None),
-        ClientError::Grpc(status) => err(
-            "rejected",
-            e,
-            None,
-            Some(code_name(status.code())),
-        ),
+        ClientError::Grpc(status) => err("rejected", e, None, Some(code_name(status.code()))),
     }
 }
 
@@ -123,9 +114,14 @@ fn lost_name(reason: LostReason) -> &'static str {
 }
 
 fn str_arg<'a>(m: &'a Map<String, Value>, key: &str) -> Result<&'a str, Value> {
-    m.get(key)
-        .and_then(Value::as_str)
-        .ok_or_else(|| err("agent", format!("missing string argument {key}"), None, None))
+    m.get(key).and_then(Value::as_str).ok_or_else(|| {
+        err(
+            "agent",
+            format!("missing string argument {key}"),
+            None,
+            None,
+        )
+    })
 }
 
 fn u64_arg(m: &Map<String, Value>, key: &str) -> u64 {
@@ -170,12 +166,18 @@ impl Agent {
 
     async fn handle(self: Arc<Self>, op: &str, m: Map<String, Value>) -> Reply {
         match op {
-            "hello" => Ok(json!({"agent": "rust", "client_version": env!("CARGO_PKG_VERSION"), "protocol": 1})),
+            "hello" => Ok(
+                json!({"agent": "rust", "client_version": env!("CARGO_PKG_VERSION"), "protocol": 1}),
+            ),
             "connect" => {
                 let endpoints: Vec<String> = m
                     .get("endpoints")
                     .and_then(Value::as_array)
-                    .map(|a| a.iter().filter_map(|v| v.as_str().map(String::from)).collect())
+                    .map(|a| {
+                        a.iter()
+                            .filter_map(|v| v.as_str().map(String::from))
+                            .collect()
+                    })
                     .unwrap_or_default();
                 let mut config = ClientConfig::default();
                 if let Some(tls) = m.get("tls").and_then(Value::as_object) {
@@ -206,8 +208,7 @@ impl Agent {
                 let request_id = match m.get("request_id").and_then(Value::as_str) {
                     Some(hex_id) => Some(
                         RequestId::from_bytes(
-                            hex::decode(hex_id)
-                                .map_err(|e| err("agent", e, None, None))?,
+                            hex::decode(hex_id).map_err(|e| err("agent", e, None, None))?,
                         )
                         .map_err(|e| map_error(&e))?,
                     ),
@@ -255,16 +256,15 @@ impl Agent {
                 let timeout = Duration::from_millis(u64_arg(&m, "timeout_ms"));
                 let _ = tokio::time::timeout(timeout, guard.lost()).await;
                 let st = Self::status(&guard);
-                Ok(json!({"lost": st["lost"], "lost_reason": st["lost_reason"], "stop_by_in_ms": st["stop_by_in_ms"]}))
+                Ok(
+                    json!({"lost": st["lost"], "lost_reason": st["lost_reason"], "stop_by_in_ms": st["stop_by_in_ms"]}),
+                )
             }
             "release" => {
                 let handle = str_arg(&m, "handle")?.to_string();
-                let guard = self
-                    .leases
-                    .lock()
-                    .unwrap()
-                    .remove(&handle)
-                    .ok_or_else(|| err("agent", format!("unknown handle {handle:?}"), None, None))?;
+                let guard = self.leases.lock().unwrap().remove(&handle).ok_or_else(|| {
+                    err("agent", format!("unknown handle {handle:?}"), None, None)
+                })?;
                 let guard = Arc::try_unwrap(guard)
                     .map_err(|_| err("agent", "lease busy in another command", None, None))?;
                 let released = guard.release().await.map_err(|e| map_error(&e))?;
@@ -284,9 +284,17 @@ impl Agent {
             }
             "fenced_write" => {
                 let guard = self.lease(&m)?;
-                let check = m.get("check_lease").and_then(Value::as_bool).unwrap_or(true);
+                let check = m
+                    .get("check_lease")
+                    .and_then(Value::as_bool)
+                    .unwrap_or(true);
                 if check && !guard.is_held() {
-                    return Err(err("lost", "the lease is lost or past its stop-by; nothing was written", None, None));
+                    return Err(err(
+                        "lost",
+                        "the lease is lost or past its stop-by; nothing was written",
+                        None,
+                        None,
+                    ));
                 }
                 let store = str_arg(&m, "store")?;
                 let line = json!({
@@ -294,19 +302,28 @@ impl Agent {
                     "token": guard.token().to_string(),
                     "value": m.get("value").and_then(Value::as_str).unwrap_or(""),
                 });
-                let io = async {
-                    let mut s = tokio::net::TcpStream::connect(store).await?;
-                    s.write_all(format!("{line}\n").as_bytes()).await?;
-                    let mut reader = tokio::io::BufReader::new(s);
+                // Blocking std I/O on a blocking thread, bounded by 5 s.
+                let store = store.to_string();
+                let io = tokio::task::spawn_blocking(move || -> std::io::Result<String> {
+                    use std::net::ToSocketAddrs;
+                    let addr = store.to_socket_addrs()?.next().ok_or_else(|| {
+                        std::io::Error::new(std::io::ErrorKind::NotFound, "no address")
+                    })?;
+                    let mut s =
+                        std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
+                    s.set_read_timeout(Some(Duration::from_secs(5)))?;
+                    s.set_write_timeout(Some(Duration::from_secs(5)))?;
+                    s.write_all(format!("{line}\n").as_bytes())?;
                     let mut answer = String::new();
-                    reader.read_line(&mut answer).await?;
-                    Ok::<String, std::io::Error>(answer)
-                };
-                let answer = tokio::time::timeout(Duration::from_secs(5), io)
+                    std::io::BufReader::new(s).read_line(&mut answer)?;
+                    Ok(answer)
+                });
+                let answer = io
                     .await
-                    .map_err(|_| err("agent", "fenced store timed out", None, None))?
+                    .map_err(|e| err("agent", e, None, None))?
                     .map_err(|e| err("agent", e, None, None))?;
-                let v: Value = serde_json::from_str(&answer).map_err(|e| err("agent", e, None, None))?;
+                let v: Value =
+                    serde_json::from_str(&answer).map_err(|e| err("agent", e, None, None))?;
                 if let Some(e) = v.get("error") {
                     return Err(err("agent", format!("fenced store: {e}"), None, None));
                 }
@@ -314,9 +331,16 @@ impl Agent {
             }
             "stats" => {
                 let s = self.client()?.stats();
-                Ok(json!({"renew_calls": s.renew_batch_calls, "renewed_items": s.renewed_items, "renew_failures": s.renew_failures}))
+                Ok(
+                    json!({"renew_calls": s.renew_batch_calls, "renewed_items": s.renewed_items, "renew_failures": s.renew_failures}),
+                )
             }
-            other => Err(err("unsupported", format!("unknown op {other:?}"), None, None)),
+            other => Err(err(
+                "unsupported",
+                format!("unknown op {other:?}"),
+                None,
+                None,
+            )),
         }
     }
 }
@@ -342,14 +366,20 @@ async fn main() {
         let msg: Value = match serde_json::from_str(&line) {
             Ok(v) => v,
             Err(e) => {
-                emit(json!({"id": null, "ok": false, "error": err("agent", format!("bad JSON: {e}"), None, None)}));
+                emit(
+                    json!({"id": null, "ok": false, "error": err("agent", format!("bad JSON: {e}"), None, None)}),
+                );
                 continue;
             }
         };
         let agent = agent.clone();
         tasks.push(tokio::spawn(async move {
             let id = msg.get("id").cloned().unwrap_or(Value::Null);
-            let op = msg.get("op").and_then(Value::as_str).unwrap_or("").to_string();
+            let op = msg
+                .get("op")
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_string();
             let args = msg.as_object().cloned().unwrap_or_default();
             match agent.handle(&op, args).await {
                 Ok(Value::Object(mut fields)) => {
@@ -363,7 +393,13 @@ async fn main() {
         }));
     }
     // EOF: release what is held, at most 2 s.
-    let guards: Vec<Arc<LockGuard>> = agent.leases.lock().unwrap().drain().map(|(_, g)| g).collect();
+    let guards: Vec<Arc<LockGuard>> = agent
+        .leases
+        .lock()
+        .unwrap()
+        .drain()
+        .map(|(_, g)| g)
+        .collect();
     let release = async {
         for g in guards {
             if let Ok(g) = Arc::try_unwrap(g) {
