@@ -250,7 +250,10 @@ impl Agent {
                 self.leases.lock().unwrap().insert(handle, Arc::new(guard));
                 Ok(reply)
             }
-            "status" => Ok(Self::status(&self.lease(&m)?)),
+            "status" => {
+                let guard = self.lease(&m)?;
+                Ok(Self::status(&guard))
+            }
             "wait_lost" => {
                 let guard = self.lease(&m)?;
                 let timeout = Duration::from_millis(u64_arg(&m, "timeout_ms"));
