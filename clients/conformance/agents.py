@@ -41,7 +41,8 @@ def agent_command(name: str) -> Optional[list[str]]:
         p = _rust_agent()
         return [str(p)] if p is not None else None
     if name == "node":
-        script = REPO / "clients" / "node" / "conformance" / "agent.mjs"
+        override = os.environ.get("FENCELOCK_NODE_AGENT")
+        script = Path(override) if override else REPO / "clients" / "node" / "conformance" / "agent.mjs"
         return ["node", str(script)] if script.is_file() else None
     raise ValueError(f"unknown agent {name!r}")
 
