@@ -163,6 +163,18 @@ class Cluster:
         if ch is not None:
             ch.close()
 
+    def pause_all(self) -> None:
+        """SIGSTOP every node: no majority anywhere, nothing is answered."""
+        for p in self.procs.values():
+            if p is not None and p.poll() is None:
+                p.send_signal(signal.SIGSTOP)
+
+    def resume_all(self, timeout: float = 60.0) -> None:
+        for p in self.procs.values():
+            if p is not None and p.poll() is None:
+                p.send_signal(signal.SIGCONT)
+        self.wait_ready(timeout)
+
     def restart(self, node_id: int, timeout: float = 60.0) -> None:
         if self.procs.get(node_id) is None:
             self.spawn(node_id)

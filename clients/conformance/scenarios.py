@@ -174,6 +174,28 @@ def paused_client_loses_and_its_stale_write_is_fenced(agents: Any, cluster: Clus
     b.ok("release", handle=gb["handle"])
 
 
+def unconfirmed_lease_is_lost_at_its_stop_by(agents: Any, cluster: Cluster, store: FencedStore) -> None:
+    """Every node is frozen (SIGSTOP): no renewal can be confirmed. The
+    library must report the lease lost at its stop-by deadline (its own
+    clock), not later, and never say held after it."""
+    a: Agent = agents()
+    r = fresh("unconfirmed")
+    ga = a.ok("acquire", resource=r, ttl_ms=2000, wait_ms=0)
+    cluster.pause_all()
+    try:
+        lost = a.ok("wait_lost", handle=ga["handle"], timeout_ms=6000, timeout=20)
+        assert lost["lost"] is True and lost["lost_reason"] == "unconfirmed", (
+            f"renewals could not be confirmed, yet no lost signal: {lost.data}")
+        # Fired at stop-by: not before it without cause, and not much later
+        # (a generous bound for a loaded machine).
+        assert -1000 <= lost["stop_by_in_ms"] <= 50, f"lost fired {-lost['stop_by_in_ms']} ms after stop-by"
+        st = a.ok("status", handle=ga["handle"])
+        assert st["held"] is False and st["lost"] is True, st.data
+    finally:
+        cluster.resume_all()
+    a.call("release", handle=ga["handle"], timeout=30)
+
+
 # ---- leader kill -------------------------------------------------------------------------
 
 def leader_kill_mid_renew_never_makes_two_holders(agents: Any, cluster: Cluster, store: FencedStore) -> None:
@@ -206,6 +228,8 @@ def leader_kill_mid_renew_never_makes_two_holders(agents: Any, cluster: Cluster,
             assert c.error.get("kind") in ("rejected", "unavailable"), c.data
             time.sleep(0.3)
         st = a.ok("status", handle=ga["handle"], timeout=10)
+        print(f"leader kill: node {leader} killed; A {'kept' if held_throughout and st['held'] else 'lost'} "
+              f"its lease (token {token}); A's last status {st.data}")
         if held_throughout and st["held"]:
             g = cluster.get(r, timeout=15)
             assert g.held and g.fencing_token == token, f"A says held but the cluster says {g}"
@@ -265,6 +289,7 @@ ALL = [
     explicit_request_id_retry_returns_the_same_lease,
     lost_reply_is_retried_with_the_same_request_id,
     paused_client_loses_and_its_stale_write_is_fenced,
+    unconfirmed_lease_is_lost_at_its_stop_by,
     leader_kill_mid_renew_never_makes_two_holders,
     wrong_tenant_and_bad_input_are_typed_errors,
 ]

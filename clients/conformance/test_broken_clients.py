@@ -44,3 +44,9 @@ def test_a_client_that_reuses_request_ids_fails_the_suite(broken: Callable[[str]
                                                           store: FencedStore) -> None:
     with pytest.raises(AssertionError, match="logical acquire|request ids reused"):
         scenarios.each_logical_acquire_has_its_own_request_id(broken("reuse-request-id"), cluster, store)
+
+
+def test_a_client_that_ignores_its_stop_by_fails_the_suite(broken: Callable[[str], AgentFactory], cluster: Cluster,
+                                                           store: FencedStore) -> None:
+    with pytest.raises(AssertionError, match="no lost signal"):
+        scenarios.unconfirmed_lease_is_lost_at_its_stop_by(broken("ignore-stop-by"), cluster, store)

@@ -10,7 +10,9 @@ Test modes (FENCELOCK_AGENT_BROKEN), to prove the suite can fail; they
 break the client from the outside (monkeypatching), the package has no
 such switch:
   no-renew          background renewals are never sent;
-  reuse-request-id  every acquire of this process uses one fixed request id.
+  reuse-request-id  every acquire of this process uses one fixed request id;
+  ignore-stop-by    the lost signal never fires when stop-by passes (only a
+                    LEASE_NOT_HELD answer would fire it).
 """
 
 from __future__ import annotations
@@ -154,6 +156,15 @@ class Agent:
             target._renew_batch = no_renew if API != "sync" else (lambda url, leases: None)  # type: ignore
         elif BROKEN == "reuse-request-id":
             _core.new_request_id = lambda: b"conformance-fixed-request-id"
+        elif BROKEN == "ignore-stop-by":
+            plan = _core.plan_pass
+
+            def plan_without_deadline(*args: Any, **kwargs: Any) -> Any:
+                due, next_wake, _lost = plan(*args, **kwargs)
+                return due, next_wake, []
+
+            _core.plan_pass = plan_without_deadline
+            fencelock.client.Lease._refresh = lambda self: None  # type: ignore[method-assign]
         elif BROKEN:
             raise ValueError(f"unknown FENCELOCK_AGENT_BROKEN={BROKEN!r}")
         return {}
