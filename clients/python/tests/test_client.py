@@ -1,7 +1,6 @@
 """The sync client against a scripted fake server: request ids, routing,
 retries, renewals, the lost signal."""
 
-import threading
 import time
 from typing import Any
 
@@ -9,7 +8,7 @@ import grpc
 import pytest
 
 from fencelock import (Client, ClientConfig, InvalidArgumentError, InvalidConfigError, LockHeldError,
-                       LostReason, PermissionDeniedError, Reason, RejectedError, UnavailableError)
+                       LostReason, PermissionDeniedError, Reason, UnavailableError)
 from fencelock.v1 import lock_pb2
 from fake_server import Abort, FakeServer, error_status, grant, released, renew_all, wait_until
 
@@ -32,7 +31,6 @@ def test_outcome_unknown_is_retried_with_the_same_request_id(fake: FakeServer) -
         assert len(attempts) == 3 and len(set(attempts)) == 1 and len(attempts[0]) == 16
         # A deduplicated grant is renewed at once, before acquire returns.
         assert len(fake.requests("Renew")) == 1
-        lease2_id = None
         lease.release()
         c.acquire("acme/x", ttl=5).release()
         lease2_id = attempts[-1]

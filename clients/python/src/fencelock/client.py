@@ -14,7 +14,7 @@ import threading
 import time
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Callable, Iterator, Optional, Sequence, TypeVar
+from typing import Any, Callable, Optional, Sequence, TypeVar
 
 import grpc
 from google.protobuf.message import Message
@@ -25,7 +25,6 @@ from ._policy import Advice, Backoff, Failure
 from ._router import Router, target_of
 from .config import MAX_REQUEST_ID_LEN, MAX_WAIT_TIMEOUT_MS, ClientConfig
 from .errors import (
-    ErrorDetail,
     FencelockError,
     GrpcError,
     InvalidArgumentError,
