@@ -66,3 +66,22 @@ def test_async_lock_held_is_typed(fake: FakeServer) -> None:
                 await c.acquire("acme/h", ttl=5)
 
     run(main())
+
+
+def test_async_dropped_lease_is_released(fake: FakeServer) -> None:
+    import gc
+
+    fake.handlers.update(Acquire=grant(ttl_ms=1500), RenewBatch=renew_all(1500), Release=released)
+
+    async def main() -> None:
+        async with AsyncClient([fake.address], FAST) as c:
+            lease = await c.acquire("acme/dropped", ttl=1.5)
+            del lease
+            gc.collect()
+            for _ in range(200):
+                if fake.requests("Release"):
+                    break
+                await asyncio.sleep(0.02)
+            assert len(fake.requests("Release")) == 1
+
+    run(main())

@@ -142,3 +142,16 @@ def test_context_manager_releases_and_config_is_validated(fake: FakeServer) -> N
     with Client(["127.0.0.1:1"]) as c:
         with pytest.raises(InvalidArgumentError):
             c.acquire("acme/w", wait=301)
+
+
+def test_a_dropped_lease_stops_renewing_and_is_released(fake: FakeServer) -> None:
+    import gc
+
+    fake.handlers.update(Acquire=grant(ttl_ms=1500), RenewBatch=renew_all(1500), Release=released)
+    with Client([fake.address], FAST) as c:
+        lease = c.acquire("acme/dropped", ttl=1.5)
+        assert c.held_leases == 1
+        del lease
+        gc.collect()
+        wait_until(lambda: len(fake.requests("Release")) == 1, 5, "the background release")
+        assert c.held_leases == 0

@@ -291,6 +291,16 @@ class AsyncClient:
         self._tasks.add(t)
         t.add_done_callback(self._tasks.discard)
 
+    def _release_in_background(self, core: LeaseCore) -> None:
+        with core.lock:
+            core.released = True
+        self._leases.pop(core.key, None)
+        if not self._closed:
+            try:
+                self._spawn(self._release_quietly(core))
+            except RuntimeError:  # no running loop
+                pass
+
     async def _release_quietly(self, core: LeaseCore) -> None:
         try:
             await self._release(core, time.monotonic() + 2.0)
@@ -395,7 +405,19 @@ class AsyncLease:
         self._client = client
         self._core = core
         self.lost = LostSignal(self)
-        core.on_lost.append(lambda _reason: self.lost._set())
+        event = self.lost._event  # not self: the client must not keep this object alive
+        core.on_lost.append(lambda _reason: event.set())
+
+    def __del__(self) -> None:
+        # Dropped without release: stop renewing, release in the background.
+        try:
+            core = self._core
+            with core.lock:
+                if core.released:
+                    return
+            self._client._release_in_background(core)
+        except Exception:
+            pass
 
     def __repr__(self) -> str:
         return f"AsyncLease(resource={self.resource!r}, token={self.token}, held={self.held})"

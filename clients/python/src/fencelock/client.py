@@ -311,6 +311,18 @@ class Client:
                              shard_id=core.shard_id, deadline=deadline)
         return a.last_sent_at, a.value
 
+    def _release_in_background(self, core: LeaseCore) -> None:
+        with core.lock:
+            core.released = True
+        with self._cond:
+            self._leases.pop(core.key, None)
+            closed = self._closed
+        if not closed:
+            try:
+                self._pool.submit(self._release_quietly, core)
+            except RuntimeError:  # closing
+                pass
+
     def _release_quietly(self, core: LeaseCore) -> None:
         try:
             self._release(core, time.monotonic() + 2.0)
@@ -432,8 +444,20 @@ class Lease:
         self._core = core
         #: Set when the lease is lost (not when you release it).
         self.lost = threading.Event()
-        core.on_lost.append(lambda _reason: self.lost.set())
-        self._timer: Optional[threading.Timer] = None
+        lost = self.lost  # not self: the client must not keep this object alive
+        core.on_lost.append(lambda _reason: lost.set())
+
+    def __del__(self) -> None:
+        # Dropped without release: stop renewing, release in the background
+        # (as dropping a Rust LockGuard does).
+        try:
+            core = self._core
+            with core.lock:
+                if core.released:
+                    return
+            self._client._release_in_background(core)
+        except Exception:
+            pass
 
     def __repr__(self) -> str:  # never the lease id: it is a credential
         return f"Lease(resource={self.resource!r}, token={self.token}, held={self.held})"
