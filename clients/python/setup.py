@@ -13,10 +13,12 @@ sdist carries a copy there).
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 from setuptools import setup
 from setuptools.command.build_py import build_py
+from setuptools.command.sdist import sdist
 
 HERE = Path(__file__).resolve().parent
 
@@ -63,4 +65,17 @@ class BuildPyWithStubs(build_py):
         init.write_text('"""Generated from proto/fencelock/v1 by grpcio-tools at build time."""\n')
 
 
-setup(cmdclass={"build_py": BuildPyWithStubs})
+class SdistWithProtos(sdist):
+    """An sdist carries a copy of the .proto files (``proto/`` next to this
+    file), so a wheel can be built from it away from the repository."""
+
+    def run(self) -> None:
+        src = proto_dir()
+        dst = HERE / "proto"
+        if src.resolve() != dst.resolve():
+            shutil.rmtree(dst, ignore_errors=True)
+            shutil.copytree(src / "fencelock" / "v1", dst / "fencelock" / "v1")
+        super().run()
+
+
+setup(cmdclass={"build_py": BuildPyWithStubs, "sdist": SdistWithProtos})
