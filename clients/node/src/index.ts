@@ -1,0 +1,23 @@
+// @fencelock/client: exclusive leases with fencing tokens, routed to the
+// right node, retried safely, and kept alive in the background — the same
+// rules as the Rust client (docs/client.md).
+
+export { Client } from "./client.js";
+export type { CallOptions, ClientStats, LockOptions } from "./client.js";
+export {
+  DEFAULTS,
+  MAX_CALL_TIMEOUT_MS,
+  MAX_ENDPOINTS,
+  MAX_RENEW_BATCH,
+  MAX_REQUEST_ID_LEN,
+  MAX_STOP_BY_MARGIN_PERCENT,
+  MAX_WAIT_TIMEOUT_MS,
+  tlsFromFiles,
+} from "./config.js";
+export type { ClientOptions, ClientTls } from "./config.js";
+export { FencelockError, LockLostError } from "./errors.js";
+export type { ErrorCode, LostReason } from "./errors.js";
+export { Lease } from "./lease.js";
+export type { ErrorDetail, LeaderHint, LockState } from "./proto.js";
+export { MAX_IMMEDIATE_RETRIES } from "./retry.js";
+export { MAX_CACHED_RESOURCES, MAX_CACHED_SHARDS, MAX_LEARNED_CONNECTIONS } from "./router.js";
