@@ -298,7 +298,7 @@ export class Client implements LeaseOwner {
         });
       }
       this.#router.learn(resource, response.shardId, answer.url);
-      return this.#hold(resource, answer, deadline);
+      return this.#hold(resource, answer, deadline, requestId);
     }
   }
 
@@ -498,7 +498,12 @@ export class Client implements LeaseOwner {
    * deadline counts from the acquire's FIRST attempt: the grant may come
    * from it even when a later attempt brought the answer.
    */
-  async #hold(resource: string, answer: Answer<AcquireResponse>, acquireDeadline: number): Promise<Lease> {
+  async #hold(
+    resource: string,
+    answer: Answer<AcquireResponse>,
+    acquireDeadline: number,
+    requestId: Buffer,
+  ): Promise<Lease> {
     const response = answer.value;
     const ttlMs = response.leaseTtlMs;
     const sentAt = answer.firstSentAt;
@@ -541,6 +546,7 @@ export class Client implements LeaseOwner {
         shardId: response.shardId,
         epoch: response.epoch,
         deduplicated: response.deduplicated,
+        requestId,
         timing: {
           leaseTtlMs: renewedTtlMs || ttlMs,
           expiresAtMs,

@@ -74,12 +74,17 @@ function isInt(v: unknown): v is number {
 
 /** Fills defaults and checks every field against its range; names the first bad one. */
 export function resolveOptions(options: ClientOptions = {}): ResolvedOptions {
+  // Defaults never exceed the call timeout the caller chose (a short call
+  // timeout alone is a valid configuration).
+  const callTimeoutMs = options.callTimeoutMs ?? DEFAULTS.callTimeoutMs;
+  const capped = (d: number) => (isInt(callTimeoutMs) && callTimeoutMs > 0 ? Math.min(d, callTimeoutMs) : d);
+  const backoffMaxMs = options.backoffMaxMs ?? capped(DEFAULTS.backoffMaxMs);
   const o: ResolvedOptions = {
-    callTimeoutMs: options.callTimeoutMs ?? DEFAULTS.callTimeoutMs,
-    attemptTimeoutMs: options.attemptTimeoutMs ?? DEFAULTS.attemptTimeoutMs,
-    connectTimeoutMs: options.connectTimeoutMs ?? DEFAULTS.connectTimeoutMs,
-    backoffBaseMs: options.backoffBaseMs ?? DEFAULTS.backoffBaseMs,
-    backoffMaxMs: options.backoffMaxMs ?? DEFAULTS.backoffMaxMs,
+    callTimeoutMs,
+    attemptTimeoutMs: options.attemptTimeoutMs ?? capped(DEFAULTS.attemptTimeoutMs),
+    connectTimeoutMs: options.connectTimeoutMs ?? capped(DEFAULTS.connectTimeoutMs),
+    backoffBaseMs: options.backoffBaseMs ?? (isInt(backoffMaxMs) ? Math.min(DEFAULTS.backoffBaseMs, Math.max(1, backoffMaxMs)) : DEFAULTS.backoffBaseMs),
+    backoffMaxMs,
     stopByMarginPercent: options.stopByMarginPercent ?? DEFAULTS.stopByMarginPercent,
     tls: options.tls,
   };

@@ -66,6 +66,7 @@ export interface LeaseInit {
   shardId: number;
   epoch: number;
   deduplicated: boolean;
+  requestId: Buffer;
   timing: Timing;
 }
 
@@ -90,6 +91,8 @@ export class Lease {
   readonly epoch: number;
   /** True when the grant was learned by a retry of the acquire (its first reply was lost). */
   readonly deduplicated: boolean;
+  /** The request id of the acquire that was granted (not a secret: it cannot renew or release). */
+  readonly requestId: Buffer;
 
   /** @internal */ readonly timing: Timing;
   readonly #leaseId: Buffer;
@@ -109,6 +112,7 @@ export class Lease {
     this.shardId = init.shardId;
     this.epoch = init.epoch;
     this.deduplicated = init.deduplicated;
+    this.requestId = init.requestId;
     this.timing = init.timing;
     this.#leaseId = init.leaseId;
     this.#owner = owner;

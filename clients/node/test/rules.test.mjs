@@ -106,6 +106,11 @@ test("config: defaults validate, each bad field is named, the margin is a percen
   ]) {
     assert.throws(() => resolveOptions(bad), (e) => e instanceof FencelockError && e.code === "INVALID_CONFIG" && e.message.includes(field), field);
   }
+  // A short call timeout alone is valid: the other defaults shrink to fit it.
+  const short = resolveOptions({ callTimeoutMs: 1000 });
+  assert.equal(short.connectTimeoutMs, 1000);
+  assert.equal(short.attemptTimeoutMs, 1000);
+  assert.equal(short.backoffMaxMs, 1000);
   assert.equal(stopByMarginMs(o, 30000), 1500);
   assert.equal(stopByMarginMs(o, 10), 1);
 });

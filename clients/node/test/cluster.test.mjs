@@ -1,0 +1,192 @@
+// The client against a real 3-node fencelock cluster (separate processes).
+import assert from "node:assert/strict";
+import { after, before, describe, test } from "node:test";
+import { Client, FencelockError } from "../dist/index.js";
+import { skipReason, startCluster } from "./cluster.mjs";
+import { waitFor, within } from "./fake-server.mjs";
+
+const skip = skipReason();
+if (skip) console.log(`# SKIPPING the real-cluster tests: ${skip}`);
+
+describe("against a real cluster", { skip, timeout: 120_000 }, () => {
+  let cluster;
+  const clients = [];
+  const client = (endpoints = cluster.endpoints, options = {}) => {
+    const c = new Client(endpoints, { callTimeoutMs: 8000, ...options });
+    clients.push(c);
+    return c;
+  };
+  let n = 0;
+  const fresh = (what) => `acme/node-${what}-${process.pid}-${Date.now()}-${n++}`;
+
+  before(async () => {
+    cluster = await startCluster();
+  });
+  after(async () => {
+    for (const c of clients) await c.close().catch(() => {});
+    await cluster?.stop();
+  });
+
+  test("lock, contention, release: tokens are exact bigints and strictly increase", async () => {
+    const a = client();
+    const b = client();
+    const resource = fresh("orders");
+    const first = await within(a.lock(resource, { ttlMs: 30000 }), 15000, "first lock");
+    assert.equal(typeof first.token, "bigint");
+    assert.ok(first.token > 0n);
+    assert.ok(first.isHeld);
+    const state = await b.get(resource);
+    assert.equal(state.held, true);
+    assert.equal(state.fencingToken, first.token, "get reports the holder's exact token");
+    assert.equal(state.shardId, first.shardId);
+
+    const refused = await within(b.lock(resource, { waitMs: 0 }), 15000, "contended lock").catch((e) => e);
+    assert.ok(refused instanceof FencelockError, String(refused));
+    assert.equal(refused.reason, "LOCK_HELD");
+    assert.equal(refused.isLockHeld, true);
+
+    assert.equal(await first.release(), true);
+    assert.equal(first.signal.aborted, true);
+    const second = await within(b.lock(resource, { ttlMs: 30000 }), 15000, "second lock");
+    assert.ok(second.token > first.token, `${second.token} > ${first.token}`);
+    assert.equal(await second.release(), true);
+    assert.equal(await second.release(), false, "a second release is a no-op");
+  });
+
+  test("a waiting acquire is granted in turn when the holder releases", async () => {
+    const a = client();
+    const b = client();
+    const resource = fresh("queue");
+    const held = await a.lock(resource, { ttlMs: 30000 });
+    const waiting = b.lock(resource, { ttlMs: 30000, waitMs: 20000 });
+    await waitFor(async () => (await a.get(resource)).queueLength === 1, 10000, "the waiter to queue");
+    await held.release();
+    const granted = await within(waiting, 15000, "queued lock");
+    assert.ok(granted.token > held.token);
+    await granted.release();
+  });
+
+  test("a waiting acquire that runs out of time fails with WAIT_TIMED_OUT and holds nothing", async () => {
+    const a = client();
+    const resource = fresh("timeout");
+    const held = await a.lock(resource, { ttlMs: 30000 });
+    const err = await within(client().lock(resource, { waitMs: 1000 }), 15000, "lock").catch((e) => e);
+    assert.equal(err.reason, "WAIT_TIMED_OUT");
+    assert.equal(err.isLockHeld, true);
+    assert.equal((await a.get(resource)).queueLength, 0);
+    await held.release();
+  });
+
+  test("background renewal keeps a short lease alive well past its TTL", async () => {
+    const c = client();
+    const resource = fresh("renew");
+    const lease = await c.lock(resource, { ttlMs: 1500 });
+    const firstStopBy = lease.stopBy;
+    await new Promise((r) => setTimeout(r, 4000));
+    assert.ok(lease.isHeld, `lost: ${lease.lostReason}`);
+    assert.ok(lease.stopBy > firstStopBy + 2000, "renewals moved the deadline");
+    assert.ok(c.stats.renewedItems >= 4, JSON.stringify(c.stats));
+    const state = await c.get(resource);
+    assert.equal(state.held, true);
+    assert.equal(state.fencingToken, lease.token, "still the same grant");
+    assert.equal(await lease.release(), true);
+  });
+
+  test("a lease released behind the holder's back is lost (NOT_HELD) at the next renewal, and its signal aborts", async () => {
+    const c = client();
+    const other = client();
+    const resource = fresh("stolen");
+    const lease = await c.lock(resource, { ttlMs: 1500 });
+    // Someone with the lease id (an operator's `fencelock release`) ends it.
+    assert.equal(await other.releaseLease(resource, lease.leaseId), true);
+    assert.equal(await within(lease.lost, 5000, "lost"), "NOT_HELD");
+    assert.equal(lease.signal.aborted, true);
+    assert.equal(lease.signal.reason.lostReason, "NOT_HELD");
+    assert.equal(await lease.release(), false);
+  });
+
+  test("a stale lease id can neither renew nor release the new holder's lease", async () => {
+    const c = client();
+    const resource = fresh("stale");
+    const old = await c.lock(resource, { ttlMs: 30000 });
+    const oldId = old.leaseId;
+    await old.release();
+    const current = await c.lock(resource, { ttlMs: 30000 });
+    assert.equal(await c.releaseLease(resource, oldId), false);
+    const state = await c.get(resource);
+    assert.equal(state.fencingToken, current.token);
+    await current.release();
+  });
+
+  test("seeded with one node, the client follows leader hints to every shard", async () => {
+    for (const seed of cluster.endpoints) {
+      const c = client([seed]);
+      const leases = [];
+      for (let i = 0; i < 6; i++) leases.push(await within(c.lock(fresh(`route-${i}`), { ttlMs: 30000 }), 15000, "lock"));
+      const shards = new Set(leases.map((l) => l.shardId));
+      assert.ok(shards.size >= 2, `resources spread over shards: ${[...shards]}`);
+      for (const l of leases) assert.equal(await l.release(), true);
+    }
+  });
+
+  test("an explicit request id learns the original grant instead of a second lease", async () => {
+    const c = client();
+    const resource = fresh("dedup");
+    const requestId = Buffer.from(`req-${resource}`);
+    const first = await c.lock(resource, { ttlMs: 30000, requestId });
+    // The same logical acquire again (as after a lost reply): same lease, deduplicated.
+    const again = await c.lock(resource, { ttlMs: 30000, requestId });
+    assert.equal(again.token, first.token);
+    assert.equal(again.deduplicated, true);
+    assert.ok(again.isHeld);
+    await first.release();
+    // Once ended, the id reports the ended lease and never takes a new one.
+    const ended = await c.lock(resource, { ttlMs: 30000, requestId }).catch((e) => e);
+    assert.equal(ended.code, "LEASE_ENDED");
+    assert.equal(ended.leaseState, "RELEASED");
+    assert.equal(await again.release(), false);
+  });
+
+  test("server-side refusals are typed: a bad name and a TTL out of range", async () => {
+    const c = client();
+    const bad = await c.lock("Acme/Bad Name").catch((e) => e);
+    assert.equal(bad.code, "REJECTED");
+    assert.equal(bad.reason, "INVALID_RESOURCE");
+    assert.equal(bad.retryable, false);
+    const ttl = await c.lock(fresh("ttl"), { ttlMs: 10 }).catch((e) => e);
+    assert.equal(ttl.reason, "TTL_OUT_OF_RANGE");
+    assert.ok(ttl.detail.minAllowed > 0);
+  });
+
+  test("await using releases at the end of the block", async () => {
+    const c = client();
+    const resource = fresh("using");
+    let token;
+    {
+      const lease = await c.lock(resource, { ttlMs: 30000 });
+      try {
+        token = lease.token;
+        assert.equal((await c.get(resource)).held, true);
+      } finally {
+        await lease[Symbol.asyncDispose]();
+      }
+    }
+    const state = await c.get(resource);
+    assert.equal(state.held, false);
+    assert.equal(state.lastToken, token);
+  });
+
+  // Last: it kills a node.
+  test("a killed node: locks and renewals carry on through the other two", async () => {
+    const c = client(cluster.endpoints, { attemptTimeoutMs: 1000, connectTimeoutMs: 500 });
+    const held = [];
+    for (let i = 0; i < 4; i++) held.push(await c.lock(fresh(`kill-${i}`), { ttlMs: 3000 }));
+    await cluster.kill(0);
+    // New locks still work (elections for the shards node 1 led).
+    const after = await within(c.lock(fresh("after-kill"), { ttlMs: 3000 }), 20000, "lock after kill");
+    // The held leases were renewed across the failover.
+    await new Promise((r) => setTimeout(r, 3500));
+    for (const l of held) assert.ok(l.isHeld, `${l.resource} lost: ${l.lostReason}`);
+    for (const l of [...held, after]) assert.equal(await l.release(), true);
+  });
+});
