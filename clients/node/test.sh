@@ -31,9 +31,10 @@ echo "== npm pack, and install the tarball into an empty project"
 scratch="$(mktemp -d)"
 trap 'rm -rf "$scratch"' EXIT
 tarball="$(npm pack --silent --pack-destination "$scratch" | tail -n 1)"
-tar -tzf "$scratch/$tarball" | grep -q 'package/dist/index.js'
-tar -tzf "$scratch/$tarball" | grep -q 'package/proto/fencelock/v1/lock.proto'
-if tar -tzf "$scratch/$tarball" | grep -qE 'package/(src|test|node_modules)/'; then
+listing="$(tar -tzf "$scratch/$tarball")"
+grep -qx 'package/dist/index.js' <<<"$listing"
+grep -qx 'package/proto/fencelock/v1/lock.proto' <<<"$listing"
+if grep -qE '^package/(src|test|node_modules)/' <<<"$listing"; then
   echo "the tarball carries sources, tests or node_modules" >&2
   exit 1
 fi
