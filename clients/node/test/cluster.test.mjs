@@ -173,7 +173,9 @@ describe("against a real cluster", { skip, timeout: 120_000 }, () => {
     }
     const state = await c.get(resource);
     assert.equal(state.held, false);
-    assert.equal(state.lastToken, token);
+    assert.equal(state.fencingToken, 0n);
+    // last_token may be 0: an idle record can be dropped (lock.proto); never a different token.
+    assert.ok(state.lastToken === token || state.lastToken === 0n, String(state.lastToken));
   });
 
   // Last: it kills a node.
