@@ -77,6 +77,24 @@ describe("against a real cluster", { skip, timeout: 120_000 }, () => {
     await held.release();
   });
 
+  test("aborting a waiting acquire takes it out of the server's queue", async () => {
+    const a = client();
+    const resource = fresh("abort");
+    const held = await a.lock(resource, { ttlMs: 30000 });
+    const ac = new AbortController();
+    const waiting = client().lock(resource, { waitMs: 60000, signal: ac.signal }).catch((e) => e);
+    await waitFor(async () => (await a.get(resource)).queueLength === 1, 10000, "the waiter to queue");
+    ac.abort();
+    const err = await within(waiting, 5000, "aborted lock");
+    assert.equal(err.code, "ABORTED");
+    await waitFor(async () => (await a.get(resource)).queueLength === 0, 10000, "the server to drop the waiter");
+    // The next acquire after the release is not held up by a ghost waiter.
+    await held.release();
+    const next = await within(client().lock(resource, { waitMs: 0 }), 10000, "lock after release");
+    assert.ok(next.token > held.token);
+    await next.release();
+  });
+
   test("background renewal keeps a short lease alive well past its TTL", async () => {
     const c = client();
     const resource = fresh("renew");
