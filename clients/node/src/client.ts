@@ -407,6 +407,8 @@ export class Client implements LeaseOwner {
     let firstSentAt: number | undefined;
     let attempts = 0;
     let last: Failure | undefined;
+    /** The last failure that carried the server's reason (a final attempt cut short by the deadline carries none). */
+    let lastDetailed: Failure | undefined;
     const unavailable = () =>
       new FencelockError("UNAVAILABLE", {
         message: `no definitive answer within ${Math.round(c.deadline - started)} ms after ${attempts} attempts; last error: ${
@@ -414,8 +416,8 @@ export class Client implements LeaseOwner {
         }`,
         attempts,
         requestId: c.requestId,
-        detail: last?.detail,
-        grpcCode: last?.grpcCode,
+        detail: lastDetailed?.detail,
+        grpcCode: (lastDetailed ?? last)?.grpcCode,
       });
     for (;;) {
       if (c.signal?.aborted) throw aborted(c.signal, c.requestId);
@@ -473,6 +475,7 @@ export class Client implements LeaseOwner {
       this.#stats.retries += 1;
       url = next;
       last = failure;
+      if (failure.detail) lastDetailed = failure;
       if (now() + delay >= c.deadline) throw unavailable();
       if (delay > 0) {
         try {
@@ -566,6 +569,13 @@ export class Client implements LeaseOwner {
       this.releaseLease(resource, response.leaseId).catch(() => {});
       throw new FencelockError("UNAVAILABLE", {
         message: `${resource}: granted, but its stop-by deadline passed before it could be confirmed; released`,
+      });
+    }
+    if (this.#closed) {
+      // close() ran while this acquire was on the wire: nothing will renew it.
+      lease.markLost("RELEASED");
+      throw new FencelockError("INVALID_ARGUMENT", {
+        message: `${resource}: the client was closed while acquiring; the lease expires unrenewed`,
       });
     }
     this.#leases.add(lease);
