@@ -110,6 +110,17 @@ describe("against a real cluster", { skip, timeout: 120_000 }, () => {
     assert.equal(await lease.release(), true);
   });
 
+  test("many leases of one client are renewed in few RenewBatch calls", async () => {
+    const c = client();
+    const leases = await Promise.all(Array.from({ length: 40 }, (_, i) => c.lock(fresh(`batch-${i}`), { ttlMs: 3000 })));
+    await waitFor(() => c.stats.renewedItems >= 80, 10000, "two rounds of renewals");
+    const { renewBatchCalls, renewedItems } = c.stats;
+    assert.ok(renewBatchCalls * 4 <= renewedItems, `${renewBatchCalls} calls for ${renewedItems} renewals`);
+    for (const l of leases) assert.ok(l.isHeld);
+    await Promise.all(leases.map((l) => l.release()));
+    assert.equal(c.heldLeases, 0);
+  });
+
   test("a lease released behind the holder's back is lost (NOT_HELD) at the next renewal, and its signal aborts", async () => {
     const c = client();
     const other = client();
