@@ -8,8 +8,21 @@
 // (after `npm ci && npm run build` in clients/node).
 import { createConnection } from "node:net";
 import { createInterface } from "node:readline";
-import { status as grpcStatus } from "@grpc/grpc-js";
-import { Client, FencelockError, tlsFromFiles } from "../dist/index.js";
+
+// The built library (dist/) and its dependencies: `npm ci` in clients/node
+// installs and builds them (clients/node/test.sh does).
+let lib;
+let grpcStatus;
+try {
+  lib = await import("../dist/index.js");
+  ({ status: grpcStatus } = await import("@grpc/grpc-js"));
+} catch (e) {
+  process.stderr.write(
+    `[node-agent] cannot load @fencelock/client (${e.message}); run \`npm ci\` in clients/node first\n`,
+  );
+  process.exit(3);
+}
+const { Client, FencelockError, tlsFromFiles } = lib;
 
 const AGENT_VERSION = "0.1.0";
 const PROTOCOL = 1;
