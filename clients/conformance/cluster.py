@@ -40,7 +40,7 @@ def find_binary() -> Path:
             return c
     raise RuntimeError(
         "no fencelock binary: looked at " + ", ".join(map(str, candidates))
-        + " (build it with `cargo build -p fencelock-server` or set FENCELOCK_BIN)"
+        + " (build it with `cargo build -p fencelock-cli` or set FENCELOCK_BIN)"
     )
 
 

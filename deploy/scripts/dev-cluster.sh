@@ -17,6 +17,6 @@ export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/fencelock/target}"
 CARGO="${CARGO:-cargo}"
 
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-"$CARGO" build --release --locked -p fencelock-server --manifest-path "$repo_root/Cargo.toml"
+"$CARGO" build --release --locked -p fencelock-cli --manifest-path "$repo_root/Cargo.toml"
 
 exec "$CARGO_TARGET_DIR/release/fencelock" dev "$@"

@@ -24,6 +24,28 @@ pub struct Cluster {
     pub rules: BTreeMap<u64, Arc<NetworkRules>>,
 }
 
+/// The `fencelock` binary (crates/cli) that `cargo test --workspace` built
+/// beside this test binary: `target/debug/deps/<test>` → `target/debug/
+/// fencelock` (or `FENCELOCK_BIN`). Panics saying how to build it.
+pub fn fencelock_bin() -> std::path::PathBuf {
+    if let Some(path) = std::env::var_os("FENCELOCK_BIN") {
+        return path.into();
+    }
+    let exe = std::env::current_exe().expect("the test binary's path");
+    exe.ancestors()
+        .skip(1)
+        .take(2)
+        .map(|dir| dir.join("fencelock"))
+        .find(|p| p.is_file())
+        .unwrap_or_else(|| {
+            panic!(
+                "no fencelock binary next to {}: run these tests with `cargo test --workspace` \
+                 (which builds crates/cli) or set FENCELOCK_BIN",
+                exe.display()
+            )
+        })
+}
+
 /// A port free on loopback right now (the OS picks it).
 /// A port the OS says is free and that no earlier call in this process
 /// handed out: the OS may hand a just-released port out again, and the

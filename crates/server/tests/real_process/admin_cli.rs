@@ -2,6 +2,8 @@
 //! processes plus a fourth `fencelock serve` node that joins, driven only
 //! through the CLI, as docs/operations.md shows.
 
+use crate::common;
+
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
@@ -44,7 +46,7 @@ impl Drop for Guard {
 }
 
 fn fencelock(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_fencelock"))
+    Command::new(common::fencelock_bin())
         .args(args)
         .output()
         .unwrap()
@@ -74,7 +76,7 @@ fn acquire_ok(endpoint: &str, resource: &str) -> bool {
 
 #[test]
 fn operator_reshapes_a_running_cluster_with_the_admin_cli() {
-    let bin = env!("CARGO_BIN_EXE_fencelock");
+    let bin = &common::fencelock_bin();
     let dir = tempfile::tempdir().unwrap();
     let base = free_base_port();
     let _dev = Guard(

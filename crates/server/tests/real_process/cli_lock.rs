@@ -27,7 +27,7 @@ fn endpoints(cluster: &Cluster) -> String {
 
 /// `fencelock <args...>` with no endpoint from the test's environment.
 fn fencelock(args: &[&str]) -> Command {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_fencelock"));
+    let mut command = Command::new(common::fencelock_bin());
     command
         .args(args)
         .env_remove("FENCELOCK_ENDPOINT")

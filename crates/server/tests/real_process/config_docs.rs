@@ -3,6 +3,8 @@
 //! Also: environment and `--set` overrides through `fencelock config
 //! check`, as an operator would use them.
 
+use crate::common;
+
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
@@ -139,7 +141,7 @@ fn config_check(
         format!("{MINIMAL}{DEV_TLS}").replace("/tmp/fencelock-doc-test", "data"),
     )
     .unwrap();
-    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_fencelock"));
+    let mut cmd = std::process::Command::new(common::fencelock_bin());
     cmd.args(["config", "check"]).arg(&path).args(args);
     for (k, v) in env {
         cmd.env(k, v);

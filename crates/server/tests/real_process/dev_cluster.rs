@@ -1,6 +1,8 @@
 //! What `make run` starts: `fencelock dev` brings up a local 3-node cluster
 //! as separate processes, and the README's one-line acquire works against it.
 
+use crate::common;
+
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -25,7 +27,7 @@ fn free_base_port() -> u16 {
 
 #[test]
 fn dev_cluster_starts_and_the_readme_acquire_works() {
-    let bin = env!("CARGO_BIN_EXE_fencelock");
+    let bin = &common::fencelock_bin();
     let dir = tempfile::tempdir().unwrap();
     let base = free_base_port();
     let mut dev = Command::new(bin)

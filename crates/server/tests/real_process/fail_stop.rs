@@ -27,7 +27,7 @@ fn a_panic_on_the_store_thread_stops_the_whole_node() {
     .unwrap();
     let stderr_path = dir.path().join("stderr.log");
     // The first synced write of a Ready panics on the store thread.
-    let mut child = Command::new(env!("CARGO_BIN_EXE_fencelock"))
+    let mut child = Command::new(common::fencelock_bin())
         .args(["serve", "--config"])
         .arg(&config)
         .env("FAILPOINTS", "store::after_persist=panic")

@@ -521,7 +521,7 @@ async fn hot_resources_lists_the_most_acquired_resource_first() {
     assert!(hot.shards_missing.is_empty());
 
     // The same through the CLI.
-    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_fencelock"))
+    let out = tokio::process::Command::new(common::fencelock_bin())
         .args([
             "admin",
             "hot",

@@ -30,7 +30,7 @@ fn write_config(dir: &Path, id: u64, ports: &[u16]) -> std::path::PathBuf {
 
 fn spawn(dir: &Path, id: u64) -> common::Proc {
     let log = std::fs::File::create(dir.join(format!("node{id}.log"))).unwrap();
-    let child = Command::new(env!("CARGO_BIN_EXE_fencelock"))
+    let child = Command::new(common::fencelock_bin())
         .args(["serve", "--config"])
         .arg(dir.join(format!("node{id}.toml")))
         .env("RUST_LOG", "warn")

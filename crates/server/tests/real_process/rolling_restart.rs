@@ -48,7 +48,7 @@ fn spawn(dir: &Path, id: u64) -> common::Proc {
         .append(true)
         .open(dir.join(format!("node{id}.log")))
         .unwrap();
-    let child = Command::new(env!("CARGO_BIN_EXE_fencelock"))
+    let child = Command::new(common::fencelock_bin())
         .args(["serve", "--config"])
         .arg(dir.join(format!("node{id}.toml")))
         .env("RUST_LOG", "info")

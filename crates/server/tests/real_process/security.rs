@@ -24,7 +24,7 @@ use tonic::transport::Channel;
 use tonic::Code;
 
 fn fencelock(args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_fencelock"))
+    Command::new(common::fencelock_bin())
         .args(args)
         .output()
         .expect("fencelock runs")
@@ -141,7 +141,7 @@ impl TlsCluster {
             let path = dir.path().join(format!("node{id}.toml"));
             std::fs::write(&path, text).unwrap();
             let log = std::fs::File::create(dir.path().join(format!("node{id}.log"))).unwrap();
-            let child = Command::new(env!("CARGO_BIN_EXE_fencelock"))
+            let child = Command::new(common::fencelock_bin())
                 .args(["serve", "--config"])
                 .arg(&path)
                 .env("RUST_LOG", "warn")
@@ -386,7 +386,7 @@ async fn a_tls_cluster_enforces_identities_tenants_and_quotas() {
             .to_string()
     };
     let cli = |args: &[&str], name: &str| {
-        Command::new(env!("CARGO_BIN_EXE_fencelock"))
+        Command::new(common::fencelock_bin())
             .args(args)
             .env("FENCELOCK_TLS_CA_FILE", cert("ca", "crt"))
             .env("FENCELOCK_TLS_CERT_FILE", cert(name, "crt"))
@@ -577,7 +577,7 @@ fn a_data_dir_open_to_others_is_refused() {
         ),
     )
     .unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_fencelock"))
+    let mut child = Command::new(common::fencelock_bin())
         .args(["serve", "--config"])
         .arg(&path)
         .stdout(Stdio::null())

@@ -29,7 +29,7 @@ async fn a_node_logs_json_reopens_its_audit_file_on_sighup_and_exits_cleanly_on_
     )
     .unwrap();
     let stderr_path = dir.path().join("stderr.log");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_fencelock"))
+    let mut child = Command::new(common::fencelock_bin())
         .args(["serve", "--config"])
         .arg(&config)
         .args(["--set", "log.format=json"])

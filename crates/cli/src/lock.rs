@@ -563,13 +563,13 @@ fn lost_reason_name(reason: LostReason) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cli::Cli;
+    use crate::Cli;
     use clap::{CommandFactory, Parser};
 
     fn parse(args: &[&str]) -> LockArgs {
         let cli = Cli::try_parse_from(args).unwrap_or_else(|e| panic!("{args:?}: {e}"));
         match cli.command {
-            crate::cli::Command::Lock(args) => args,
+            crate::Command::Lock(args) => args,
             other => panic!("parsed as {other:?}"),
         }
     }

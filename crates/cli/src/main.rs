@@ -2,8 +2,6 @@
 //! check a config file, and take, renew, release and inspect locks from the
 //! command line. See `fencelock --help`.
 
-mod cli;
-
 use clap::Parser;
 
 #[tokio::main]
@@ -13,8 +11,8 @@ async fn main() -> std::process::ExitCode {
     #[cfg(feature = "failpoints")]
     let _failpoints = fail::FailScenario::setup();
     fail_stop_on_panic();
-    let args = cli::Cli::parse();
-    std::process::ExitCode::from(cli::run(args).await)
+    let args = fencelock_cli::Cli::parse();
+    std::process::ExitCode::from(fencelock_cli::run(args).await)
 }
 
 /// A panic on any thread ends the process. Without this a panic on the

@@ -1,4 +1,5 @@
-//! Command-line interface of the `fencelock` binary.
+//! Command-line interface of the `fencelock` binary (`main.rs` parses the
+//! arguments and calls [`run`]).
 //!
 //! * `serve --config PATH` runs one node until Ctrl-C or SIGTERM.
 //! * `config check PATH` validates a config file.
