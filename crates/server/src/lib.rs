@@ -1,38 +1,33 @@
-//! The fencelock node.
+//! The fencelock node as a library: the gRPC edge and the wiring around
+//! the crates below it (the `fencelock` binary is crates/cli).
 //!
-//! * [`config`] — the node's configuration file, defaults and validation.
-//! * [`errors`] — the crate's error type and its mapping to gRPC statuses.
-//! * `netfilter` — fault rules (partitions, drops, delays) applied by the
-//!   transport, for the in-process cluster tests (feature `fault-rules`:
-//!   test builds only).
-//! * [`transport`] — one long-lived gRPC stream per peer carrying batches of
-//!   Raft messages for all shards.
-//! * [`store`] — the multi-Raft store loop: one thread drives every shard's
-//!   `RawNode` and persists all of them with one synced write per iteration.
+//! * [`node`] — wiring: open storage, start the store loop, the transport
+//!   and the gRPC server; shut them down.
 //! * [`service`] — the public `LockService` over the store, with routing
 //!   and forwarding to shard leaders.
 //! * [`admin`] — the public `AdminService` (`fencelock admin ...`).
 //! * [`ops`] — operator actions: replica moves, leader transfers, balancing,
 //!   draining, resharding, driven over [`control`] calls.
 //! * [`control`] — the internal `NodeControl` service: node-local steps.
-//! * [`reshard`] — re-export of `fencelock_controller::reshard`, slot
-//!   migration as a protocol decided from the replicated state alone; `ops`
-//!   runs it over gRPC.
-//! * [`node`] — wiring: open storage, start the store, transport and gRPC
-//!   server; shut them down.
-//! * [`router`] — re-export of `fencelock_router`: this node's view of the
-//!   placement map and shard leaders.
-//! * [`peers`] — gRPC channels to other nodes (forwarding, operator actions).
-//! * [`metrics`] — the node's Prometheus registry and every metric.
-//! * [`audit`] — the audit log: one JSON line per lock state change.
 //! * [`lifecycle`] — health status, in-flight requests and the graceful
 //!   shutdown sequence.
+//! * [`peers`] — gRPC channels to other nodes (forwarding, operator actions).
+//! * [`security`] — mutual TLS, caller identities and who may call what,
+//!   per-tenant rate limits, private data directories (docs/security.md).
+//! * [`config`] — the node's configuration file, defaults and validation.
+//! * [`errors`] — the crate's error type and its mapping to gRPC statuses.
+//! * [`metrics`] — the node's Prometheus registry and every metric.
 //! * [`admin_http`] — the admin HTTP port: `/metrics` and the operator
 //!   status page.
 //! * [`logging`] — `tracing` output: filters, text or JSON.
 //! * [`validate`] — field checks of public API requests (pure; fuzzed).
-//! * [`security`] — mutual TLS, caller identities and who may call what,
-//!   per-tenant rate limits, private data directories (docs/security.md).
+//!
+//! Re-exported from the crates below, for the server's callers: [`store`]
+//! (`fencelock-multiraft`, the store loop; [`audit`] is its audit log),
+//! [`transport`] (`fencelock-transport`; `netfilter`, its fault rules, in
+//! test builds only), [`router`] (`fencelock-router`), [`reshard`]
+//! (`fencelock-controller`'s migration protocol) and [`internal`]
+//! (`fencelock-api`'s internal protos).
 
 pub mod admin;
 pub mod admin_http;
