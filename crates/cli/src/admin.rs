@@ -264,13 +264,26 @@ pub async fn run(args: AdminArgs) -> u8 {
                         short
                     })
                     .collect();
+                let unreachable = r
+                    .unreachable_node_ids
+                    .iter()
+                    .map(u64::to_string)
+                    .collect::<Vec<_>>()
+                    .join(",");
+                let mut text = table(&rows);
+                if !unreachable.is_empty() {
+                    text.push_str(&format!(
+                        "not answering: node {unreachable} (their replicas' applied index and leadership are unknown)\n"
+                    ));
+                }
                 (
                     Object::new()
                         .with("ok", true)
                         .with("map_version", r.map_version)
                         .with("migration_id", r.migration_id)
+                        .with("unreachable_node_ids", unreachable)
                         .with("shards", shards.clone()),
-                    table(&rows),
+                    text,
                 )
             }),
         AdminCommand::TransferLeader { shard, to } => admin

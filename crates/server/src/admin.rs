@@ -101,8 +101,22 @@ impl AdminService for AdminServiceImpl {
         request: Request<ListShardsRequest>,
     ) -> Result<Response<ListShardsResponse>, Status> {
         let wanted = request.into_inner().shard_ids;
-        let map = self.ops.fresh_map().await?;
-        let statuses = self.ops.statuses(&map).await;
+        // What this node knows, without first asking every node for a newer
+        // map (each unreachable one would cost a timeout): its own map (its
+        // meta replica's, or the last one fetched), else a fresh one.
+        let map = match self.ops.router().map() {
+            Some(map) => map,
+            None => self.ops.fresh_map().await?,
+        };
+        let statuses = self
+            .ops
+            .statuses_within(&map, crate::ops::LIST_STATUS_TIMEOUT)
+            .await;
+        let unreachable_node_ids = map
+            .nodes()
+            .map(|n| n.node_id)
+            .filter(|n| !statuses.contains_key(n))
+            .collect();
         let mut shards = Vec::new();
         for placed in map.shards() {
             if !wanted.is_empty() && !wanted.contains(&placed.shard_id) {
@@ -162,6 +176,7 @@ impl AdminService for AdminServiceImpl {
             slot_count: SLOT_COUNT,
             map_version: map.version(),
             migration_id: map.migration().map(|m| m.id).unwrap_or(0),
+            unreachable_node_ids,
         }))
     }
 

@@ -46,6 +46,10 @@ const POLL_INTERVAL: Duration = Duration::from_millis(50);
 /// A status call to a node that does not answer in this long counts it as
 /// down for planning.
 const STATUS_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long a listing (`ListShards`) waits for each node's status. An
+/// operator lists shards exactly when something is down; the answer comes
+/// from what answered in this long and names the nodes that did not.
+pub const LIST_STATUS_TIMEOUT: Duration = Duration::from_millis(750);
 
 /// What one executed plan did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -105,6 +109,11 @@ impl Ops {
         }
     }
 
+    /// This node's route table (its newest placement map).
+    pub fn router(&self) -> &Arc<Router> {
+        &self.router
+    }
+
     /// How this node dials other nodes.
     pub fn peer_tls(&self) -> &crate::security::PeerTls {
         self.peers.tls()
@@ -121,9 +130,13 @@ impl Ops {
 
     /// The status of `node_id`, or `None` when it does not answer in time.
     pub async fn node_status(&self, node_id: u64) -> Option<NodeStatus> {
+        self.node_status_within(node_id, STATUS_TIMEOUT).await
+    }
+
+    async fn node_status_within(&self, node_id: u64, timeout: Duration) -> Option<NodeStatus> {
         let mut client = self.control(node_id).ok()?;
         let call = client.status(StatusRequest {});
-        match tokio::time::timeout(STATUS_TIMEOUT, call).await {
+        match tokio::time::timeout(timeout, call).await {
             Ok(Ok(resp)) => Some(resp.into_inner()),
             _ => None,
         }
@@ -153,9 +166,19 @@ impl Ops {
 
     /// Every member's status, by node id (absent: did not answer).
     pub async fn statuses(&self, map: &PlacementMap) -> BTreeMap<u64, NodeStatus> {
+        self.statuses_within(map, STATUS_TIMEOUT).await
+    }
+
+    /// Every member's status, asked of all at once, each waited for at most
+    /// `timeout` (absent: did not answer in time).
+    pub async fn statuses_within(
+        &self,
+        map: &PlacementMap,
+        timeout: Duration,
+    ) -> BTreeMap<u64, NodeStatus> {
         let calls = map.nodes().map(|n| {
             let node_id = n.node_id;
-            async move { (node_id, self.node_status(node_id).await) }
+            async move { (node_id, self.node_status_within(node_id, timeout).await) }
         });
         let mut out = BTreeMap::new();
         for (node_id, status) in join_all(calls).await {

@@ -705,3 +705,35 @@ async fn forwarding_to_a_dead_leader_answers_with_an_error_detail() {
         "no call was forwarded to the dead leader: the test did not exercise the case"
     );
 }
+
+/// An operator lists shards exactly when a node is down. The listing answers
+/// from what the node knows and what answered within its budget, lists every
+/// shard, and names the node that did not answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn listing_shards_with_a_node_down_names_it_and_still_lists_every_shard() {
+    let mut cluster = Cluster::start(3, |_| {}).await;
+    let shards = cluster.configs[&1].shard_count as usize + 1; // + the meta shard
+    let listed = cluster
+        .admin(1)
+        .await
+        .list_shards(fencelock_api::v1::ListShardsRequest::default())
+        .await
+        .expect("lists")
+        .into_inner();
+    assert!(listed.unreachable_node_ids.is_empty(), "{listed:?}");
+    cluster.crash(3).await;
+    let listed = cluster
+        .admin(1)
+        .await
+        .list_shards(fencelock_api::v1::ListShardsRequest::default())
+        .await
+        .expect("lists with a node down")
+        .into_inner();
+    assert_eq!(listed.unreachable_node_ids, vec![3], "{listed:?}");
+    assert_eq!(listed.shards.len(), shards, "{listed:?}");
+    for shard in &listed.shards {
+        for replica in shard.replicas.iter().filter(|r| r.node_id == 3) {
+            assert_eq!(replica.applied_index, 0, "unknown, not made up: {shard:?}");
+        }
+    }
+}
