@@ -200,6 +200,8 @@ pub(crate) mod build {
         Ok(Reply),
         Fail(&'static str),
         Unknown,
+        /// Unknown, with what the client said.
+        UnknownBecause(&'static str),
     }
 
     impl Builder {
@@ -232,6 +234,11 @@ pub(crate) mod build {
                     process: p,
                     time_ns,
                     error: "timeout".into(),
+                },
+                Done::UnknownBecause(why) => Event::Unknown {
+                    process: p,
+                    time_ns,
+                    error: why.into(),
                 },
             });
             self

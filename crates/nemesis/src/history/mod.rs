@@ -226,6 +226,11 @@ impl Event {
     }
 }
 
+/// What an acquire's unknown outcome says when a retry learned the lease it
+/// had been granted was cancelled since (the lease state's wire name, in
+/// the harness client's "granted earlier, lease since ended (..)").
+pub const CANCELLED_SINCE: &str = "LEASE_STATE_CANCELLED";
+
 /// How an operation ended.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Outcome {
@@ -271,6 +276,16 @@ impl Operation {
 
     pub fn is_unknown(&self) -> bool {
         matches!(self.outcome, Outcome::Unknown(_))
+    }
+
+    /// An acquire a retry was told had been granted and then cancelled
+    /// (its earlier attempt's caller was gone): the service ended that
+    /// lease on purpose, at a moment nobody saw, before the answer.
+    pub fn lease_was_cancelled(&self) -> bool {
+        matches!(
+            (&self.call, &self.outcome),
+            (Call::Acquire { .. }, Outcome::Unknown(why)) if why.contains(CANCELLED_SINCE)
+        )
     }
 
     /// For an ok acquire: its lease id and token.

@@ -167,11 +167,19 @@ fn merged_acquire(
     };
     // As the windows checker counts it: the first send plus the TTL asked
     // for, or a later answer's send plus the TTL it answered, if longer.
-    let earliest_end_ns = group
-        .iter()
-        .filter_map(|op| op.promise())
-        .map(|(sent_ns, ttl_ms)| config.earliest_end_ns(sent_ns, ttl_ms))
-        .fold(config.earliest_end_ns(first.invoke_ns, *ttl_ms), u64::max);
+    // A lease the service cancelled (a retry was told so: the attempt it
+    // granted had lost its caller) ended at a moment nobody saw, possibly
+    // long before its TTL: its time bounds nothing. Nobody was told it
+    // held the lock, so nobody relied on that time either.
+    let earliest_end_ns = if group.iter().any(|op| op.lease_was_cancelled()) {
+        0
+    } else {
+        group
+            .iter()
+            .filter_map(|op| op.promise())
+            .map(|(sent_ns, ttl_ms)| config.earliest_end_ns(sent_ns, ttl_ms))
+            .fold(config.earliest_end_ns(first.invoke_ns, *ttl_ms), u64::max)
+    };
     let granted = group
         .iter()
         .filter_map(|op| op.grant().map(|g| (op, g)))
@@ -388,6 +396,40 @@ mod tests {
             .op(3, 1600, 1610, get(R), got(true, 13, 13, 0))
             .build();
         assert!(!check(&h, &config()).passed());
+    }
+
+    /// A retry told "granted earlier, lease since ended (cancelled)": the
+    /// service ended that lease on purpose at a moment nobody saw, so
+    /// another grant well within its TTL is fine. An expired lease is not:
+    /// its TTL still bounds its end.
+    #[test]
+    fn a_cancelled_unseen_lease_may_have_ended_at_any_moment() {
+        let history = |why| {
+            Builder::default()
+                .op(
+                    1,
+                    0,
+                    300,
+                    acquire(R, "1", 5000, 1000),
+                    Done::UnknownBecause(why),
+                )
+                .op(2, 100, 110, acquire(R, "2", 5000, 0), held())
+                .op(3, 200, 210, acquire(R, "3", 5000, 0), granted("c", 12))
+                .build()
+        };
+        let cancelled = check(
+            &history("granted earlier, lease since ended (LEASE_STATE_CANCELLED)"),
+            &config(),
+        );
+        assert!(cancelled.passed(), "{cancelled}");
+        let expired = check(
+            &history("granted earlier, lease since ended (LEASE_STATE_EXPIRED)"),
+            &config(),
+        );
+        assert!(
+            !expired.passed(),
+            "an expired lease lasted its TTL: {expired}"
+        );
     }
 
     #[test]
