@@ -113,6 +113,10 @@ pub enum ServerError {
     /// node does not start.
     #[error("security: {0}")]
     Security(String),
+    /// The node cannot listen on an address of its configuration (the port
+    /// is taken, or the address is not this machine's): it does not start.
+    #[error("cannot listen: {0}")]
+    Listen(String),
 }
 
 impl From<fencelock_router::RouteError> for ServerError {
@@ -173,7 +177,8 @@ impl ServerError {
             ServerError::Storage(_)
             | ServerError::Config(_)
             | ServerError::Internal(_)
-            | ServerError::Security(_) => Reason::Internal,
+            | ServerError::Security(_)
+            | ServerError::Listen(_) => Reason::Internal,
             ServerError::PermissionDenied(_) => Reason::PermissionDenied,
             ServerError::RateLimited { .. } => Reason::RateLimited,
             ServerError::ShardNotHere { .. } => Reason::ShardNotFound,
@@ -235,12 +240,13 @@ impl ServerError {
                 field: (*field).to_owned(),
                 ..base
             },
-            ServerError::Storage(_) | ServerError::Config(_) | ServerError::Internal(_) => {
-                ErrorDetail {
-                    retry_after_ms: INTERNAL_RETRY_AFTER_MS,
-                    ..base
-                }
-            }
+            ServerError::Storage(_)
+            | ServerError::Config(_)
+            | ServerError::Internal(_)
+            | ServerError::Listen(_) => ErrorDetail {
+                retry_after_ms: INTERNAL_RETRY_AFTER_MS,
+                ..base
+            },
             ServerError::ShardNotHere { shard_id } => ErrorDetail {
                 shard_id: *shard_id,
                 ..base

@@ -325,19 +325,20 @@ impl Node {
         );
         let listener = tokio::net::TcpListener::bind(&config.listen_addr)
             .await
-            .map_err(|e| ServerError::Storage(format!("bind {}: {e}", config.listen_addr)))?;
+            .map_err(|e| listen_error("listen_addr", &config.listen_addr, &e))?;
         let addr = listener
             .local_addr()
             .map_err(|e| ServerError::Internal(e.to_string()))?;
         // Bound before anything starts, so a taken admin port fails the
         // start instead of leaving a node nobody can scrape.
-        let admin_listener =
-            match &config.admin_listen_addr {
-                Some(a) => Some(tokio::net::TcpListener::bind(a).await.map_err(|e| {
-                    ServerError::Storage(format!("bind admin_listen_addr {a}: {e}"))
-                })?),
-                None => None,
-            };
+        let admin_listener = match &config.admin_listen_addr {
+            Some(a) => Some(
+                tokio::net::TcpListener::bind(a)
+                    .await
+                    .map_err(|e| listen_error("admin_listen_addr", a, &e))?,
+            ),
+            None => None,
+        };
         let audit = AuditLog::start(
             config.node_id,
             &config.audit_target(),
@@ -714,4 +715,16 @@ impl Drop for Node {
         let _ = self.store_tx.send(StoreMsg::Shutdown);
         let _ = thread.join();
     }
+}
+
+/// A bind failure of the configuration key `key` (`addr`), saying what
+/// usually causes it.
+fn listen_error(key: &str, addr: &str, e: &std::io::Error) -> ServerError {
+    let hint = match e.kind() {
+        std::io::ErrorKind::AddrInUse => "; another process (another node?) holds that port",
+        std::io::ErrorKind::AddrNotAvailable => "; that address is not one of this machine's",
+        std::io::ErrorKind::PermissionDenied => "; ports below 1024 need privileges",
+        _ => "",
+    };
+    ServerError::Listen(format!("{key} {addr}: {e}{hint}"))
 }

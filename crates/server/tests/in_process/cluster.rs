@@ -737,3 +737,32 @@ async fn listing_shards_with_a_node_down_names_it_and_still_lists_every_shard() 
         }
     }
 }
+
+/// A port clash at start is said as one: not a "storage error" (the first
+/// hour, #24), and it names the key, the address and the likely cause.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_taken_port_fails_the_start_with_a_listen_error_naming_the_address() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = fencelock_server::config::NodeConfig::for_test(
+        1,
+        dir.path().join("n1"),
+        [(1, addr.as_str())],
+    );
+    config.shard_count = 1;
+    config.replication_factor = 1;
+    let err = match fencelock_server::node::Node::start(config).await {
+        Ok(_) => panic!("a node started on a port another socket holds"),
+        Err(e) => e,
+    };
+    assert!(
+        matches!(err, fencelock_server::errors::ServerError::Listen(_)),
+        "{err:?}"
+    );
+    let text = err.to_string();
+    assert!(
+        text.contains(&format!("listen_addr {addr}")) && text.contains("holds that port"),
+        "{text}"
+    );
+}
