@@ -65,9 +65,11 @@ fn a_gap_between_the_applied_index_and_the_next_committed_entry_stops_the_store(
     let mut node = OneNode::start();
     node.propose_entry();
     let applied = node.data().applied_index;
-    let mut gap = Entry::default();
-    gap.index = applied + 2;
-    gap.term = node.data().applied_term;
+    let gap = Entry {
+        index: applied + 2,
+        term: node.data().applied_term,
+        ..Default::default()
+    };
     let store = &mut node.store;
     let peer = store.peers.get_mut(&DATA_SHARD).expect("the data shard");
     let mut batch = WriteBatch::new();
