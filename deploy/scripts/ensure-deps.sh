@@ -56,6 +56,19 @@ command -v promtool >/dev/null || missing+=(prometheus)
 # it and reads the values the page shows.
 command -v chromium >/dev/null || missing+=(chromium)
 
+# Disk: one debug build of the workspace (RocksDB linked into every test
+# binary) takes about 10 GB in the target directory, and the tests write
+# RocksDB data under the temp directory. Warn early instead of failing at
+# link time with "No space left on device".
+target_dir="${CARGO_TARGET_DIR:-target}"
+probe="$target_dir"
+while [ ! -d "$probe" ]; do probe="$(dirname "$probe")"; done
+free_kb="$(df -Pk "$probe" | awk 'NR == 2 { print $4 }')"
+if [ -n "$free_kb" ] && [ "$free_kb" -lt $((15 * 1024 * 1024)) ]; then
+  echo "warning: only $((free_kb / 1024 / 1024)) GB free for $target_dir; the build needs about 15 GB." \
+    "Free space, or clear stale artifacts with: cargo clean --target-dir $target_dir" >&2
+fi
+
 [ ${#missing[@]} -eq 0 ] && exit 0
 
 echo "fencelock: installing missing build packages: ${missing[*]}" >&2
