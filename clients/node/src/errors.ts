@@ -181,6 +181,7 @@ export function grpcCodeOfReason(reason: string): number {
     case "BATCH_TOO_LARGE":
     case "REQUEST_ID_REUSED":
     case "INVALID_ADMIN_REQUEST":
+    case "MALFORMED_REQUEST":
       return GrpcStatus.INVALID_ARGUMENT;
     case "LOCK_HELD":
     case "WAIT_TIMED_OUT":
@@ -193,6 +194,7 @@ export function grpcCodeOfReason(reason: string): number {
     case "TABLE_FULL":
     case "TENANT_QUOTA_EXCEEDED":
     case "RATE_LIMITED":
+    case "MESSAGE_TOO_LARGE":
       return GrpcStatus.RESOURCE_EXHAUSTED;
     case "LEASE_NOT_HELD":
     case "HOLD_LIMIT_REACHED":

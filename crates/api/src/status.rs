@@ -58,7 +58,8 @@ fn policy(reason: Reason) -> (Code, RetryPolicy) {
         | R::WaitTimeoutOutOfRange
         | R::BatchTooLarge
         | R::RequestIdReused
-        | R::InvalidAdminRequest => (Code::InvalidArgument, P::Never),
+        | R::InvalidAdminRequest
+        | R::MalformedRequest => (Code::InvalidArgument, P::Never),
 
         R::LockHeld | R::WaitTimedOut => (Code::Aborted, P::Backoff),
         R::LeaseIdCollision => (Code::Aborted, P::Immediately),
@@ -69,6 +70,8 @@ fn policy(reason: Reason) -> (Code, RetryPolicy) {
         | R::TableFull
         | R::TenantQuotaExceeded
         | R::RateLimited => (Code::ResourceExhausted, P::Backoff),
+
+        R::MessageTooLarge => (Code::ResourceExhausted, P::Never),
 
         R::PermissionDenied => (Code::PermissionDenied, P::Never),
 

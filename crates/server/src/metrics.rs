@@ -28,6 +28,7 @@ use prometheus::{
     TextEncoder,
 };
 
+use crate::security::conn::Refusal;
 pub use crate::store::metrics::StoreMetrics;
 use crate::store::metrics::{counter, counter_vec, StoreHandles};
 use crate::store::ShardStatus;
@@ -136,6 +137,8 @@ impl Outcome {
             | WaitTimeoutOutOfRange
             | BatchTooLarge
             | InvalidAdminRequest
+            | MalformedRequest
+            | MessageTooLarge
             | NodeNotFound
             | PlacementConflict
             | PermissionDenied => Outcome::Invalid,
@@ -307,6 +310,8 @@ pub struct Metrics {
     store: StoreHandles,
     shard: ShardGauges,
     node: NodeGauges,
+    /// Connections the gRPC port closed unserved, in `Refusal::ALL` order.
+    connections_refused: [IntCounter; 3],
     /// Scrapes rebuild the per-shard gauges and advance the mirrored
     /// counters; one at a time, so two scrapes never interleave the two.
     scrape: Mutex<()>,
@@ -562,14 +567,30 @@ impl Metrics {
         r.register(Box::new(info.clone())).expect("unique name");
         info.with_label_values(&[env!("CARGO_PKG_VERSION")]).set(1);
 
+        let refused_vec = counter_vec(
+            r,
+            "fencelock_connections_refused_total",
+            "Connections the gRPC port closed before serving a call, by reason: max_connections, per_source (edge.max_connections_per_source), handshake_timeout.",
+            &["reason"],
+        );
+        let connections_refused =
+            Refusal::ALL.map(|why| refused_vec.with_label_values(&[why.label()]));
+
         Metrics {
             registry,
             requests,
             store,
             shard,
             node,
+            connections_refused,
             scrape: Mutex::new(()),
         }
+    }
+
+    /// The counters of the gRPC port's connection refusals, for
+    /// `security::conn::Refusals`.
+    pub fn connection_refusals(&self) -> [IntCounter; 3] {
+        self.connections_refused.clone()
     }
 
     /// Thread-local accumulators for the store loop.

@@ -19,6 +19,8 @@ use crate::metrics::{Metrics, NodeSnapshot};
 use crate::netfilter::NetworkRules;
 use crate::peers::PeerChannels;
 use crate::router::Router;
+use crate::security::conn::{ConnLimits, Refusals};
+use crate::security::malformed::TypedDecodeErrors;
 use crate::security::rate::TenantRateLimiter;
 use crate::security::{Audience, Gate, PeerTls, TlsMaterial};
 use crate::service::LockServiceImpl;
@@ -27,6 +29,12 @@ use crate::transport::{RaftService, Transport};
 
 /// How long shutdown waits for in-flight client calls to finish.
 const SERVER_STOP_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// How often the gRPC port pings a connection that has been quiet, and how
+/// long it waits for the answer before closing it (module docs of
+/// `security::conn`: a dead peer's connection must give its place back).
+const HTTP2_KEEPALIVE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(30);
+const HTTP2_KEEPALIVE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// A running node. `shutdown` stops it gracefully; dropping it stops it
 /// abruptly (the store loop still ends and closes RocksDB, so the process
@@ -430,42 +438,67 @@ impl Node {
             store_tx.clone(),
         ));
         let (stop_tx, stop_rx) = oneshot::channel::<()>();
-        let incoming =
-            crate::security::conn::capped_incoming(listener, config.edge.max_connections);
+        let incoming = crate::security::conn::limited_incoming(
+            listener,
+            ConnLimits {
+                max_connections: config.edge.max_connections,
+                max_connections_per_source: config.edge.max_connections_per_source,
+                handshake_timeout: std::time::Duration::from_millis(
+                    config.edge.handshake_timeout_ms,
+                ),
+            },
+            Arc::new(Refusals::new(metrics.connection_refusals())),
+        );
         let secure = tls.is_secure();
         let gate = |audience| Gate::new(secure, audience);
         let max_message = config.edge.max_message_bytes;
+        // Pings find connections whose peer went away without a FIN (a
+        // host powered off, a partition) and close them, giving their
+        // places back; a live client or peer answers them.
         let mut builder = tonic::transport::Server::builder()
-            .max_concurrent_streams(Some(config.edge.max_concurrent_streams));
+            .max_concurrent_streams(Some(config.edge.max_concurrent_streams))
+            .http2_keepalive_interval(Some(HTTP2_KEEPALIVE_INTERVAL))
+            .http2_keepalive_timeout(Some(HTTP2_KEEPALIVE_TIMEOUT));
         if let Some(material) = tls.material() {
             builder = builder
                 .tls_config(material.server_config())
                 .map_err(|e| ServerError::Security(format!("TLS setup: {e}")))?;
         }
+        // Every service of ours answers undecodable requests with a typed
+        // error (security::malformed), not tonic's bare INTERNAL.
         let router_svc = builder
-            .add_service(InterceptedService::new(
-                LockServiceServer::new(lock_service)
-                    .max_decoding_message_size(max_message)
-                    .max_encoding_message_size(max_message),
-                gate(Audience::Clients),
+            .add_service(TypedDecodeErrors::new(
+                InterceptedService::new(
+                    LockServiceServer::new(lock_service)
+                        .max_decoding_message_size(max_message)
+                        .max_encoding_message_size(max_message),
+                    gate(Audience::Clients),
+                ),
+                max_message,
             ))
             .add_service(InterceptedService::new(
                 raft_service.into_server(),
                 gate(Audience::Nodes),
             ))
-            .add_service(InterceptedService::new(
-                control
-                    .into_server()
-                    .max_decoding_message_size(max_message)
-                    .max_encoding_message_size(max_message),
-                gate(Audience::Nodes),
+            .add_service(TypedDecodeErrors::new(
+                InterceptedService::new(
+                    control
+                        .into_server()
+                        .max_decoding_message_size(max_message)
+                        .max_encoding_message_size(max_message),
+                    gate(Audience::Nodes),
+                ),
+                max_message,
             ))
-            .add_service(InterceptedService::new(
-                admin
-                    .into_server()
-                    .max_decoding_message_size(max_message)
-                    .max_encoding_message_size(max_message),
-                gate(Audience::Admins),
+            .add_service(TypedDecodeErrors::new(
+                InterceptedService::new(
+                    admin
+                        .into_server()
+                        .max_decoding_message_size(max_message)
+                        .max_encoding_message_size(max_message),
+                    gate(Audience::Admins),
+                ),
+                max_message,
             ))
             .add_service(health_service)
             .add_service(reflection);

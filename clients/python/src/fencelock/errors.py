@@ -46,6 +46,8 @@ class Reason(enum.IntEnum):
     PERMISSION_DENIED = 32
     TENANT_QUOTA_EXCEEDED = 33
     RATE_LIMITED = 34
+    MALFORMED_REQUEST = 35
+    MESSAGE_TOO_LARGE = 36
 
 
 class RetryPolicy(enum.IntEnum):

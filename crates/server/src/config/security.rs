@@ -95,6 +95,14 @@ pub struct EdgeConfig {
     /// Most open client and peer connections to the gRPC port, 16..=1000000
     /// (default 10000). Further connections are closed at once.
     pub max_connections: usize,
+    /// Most open connections to the gRPC port from one source IP address,
+    /// 1..=1000000 (default 1000): one misbehaving host cannot take every
+    /// place. Further connections from it are closed at once.
+    pub max_connections_per_source: usize,
+    /// A new connection to the gRPC port must send its first bytes (the
+    /// HTTP/2 preface or a TLS ClientHello) within this many milliseconds,
+    /// or it is closed; 100..=600000 (default 10000).
+    pub handshake_timeout_ms: u64,
     /// Requests per second one tenant may send to this node, sustained;
     /// 0 turns the limit off (default 0). Counted where the client called,
     /// not again where a request is forwarded.
@@ -110,6 +118,8 @@ impl Default for EdgeConfig {
             max_message_bytes: 4 << 20,
             max_concurrent_streams: 1_024,
             max_connections: 10_000,
+            max_connections_per_source: 1_000,
+            handshake_timeout_ms: 10_000,
             tenant_requests_per_sec: 0,
             tenant_burst: 1_000,
         }
@@ -131,6 +141,18 @@ impl EdgeConfig {
             100_000,
         )?;
         check_range("edge.max_connections", self.max_connections, 16, 1_000_000)?;
+        check_range(
+            "edge.max_connections_per_source",
+            self.max_connections_per_source,
+            1,
+            1_000_000,
+        )?;
+        check_range(
+            "edge.handshake_timeout_ms",
+            self.handshake_timeout_ms,
+            100,
+            600_000,
+        )?;
         check_range(
             "edge.tenant_requests_per_sec",
             self.tenant_requests_per_sec,

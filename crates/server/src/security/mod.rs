@@ -6,7 +6,9 @@
 //! * [`identity`] — identities from certificate URI SANs.
 //! * [`certs`] — the development CA behind `fencelock dev certs`.
 //! * [`rate`] — the per-tenant token bucket.
-//! * [`conn`] — the connection cap of the gRPC port.
+//! * [`conn`] — the connection caps of the gRPC port (in all, per source
+//!   address) and its handshake timeout.
+//! * [`malformed`] — requests that do not decode answered as typed errors.
 //!
 //! Who may call what, with TLS on:
 //!
@@ -23,6 +25,7 @@
 pub mod certs;
 pub mod conn;
 pub mod identity;
+pub mod malformed;
 pub mod rate;
 /// TLS material and how peers are dialed: the transport's.
 pub use fencelock_transport::tls;

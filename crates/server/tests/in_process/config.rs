@@ -612,6 +612,11 @@ fn edge_limits_are_range_checked_by_name() {
         ("max_message_bytes = 1073741824", "edge.max_message_bytes"),
         ("max_concurrent_streams = 0", "edge.max_concurrent_streams"),
         ("max_connections = 1", "edge.max_connections"),
+        (
+            "max_connections_per_source = 0",
+            "edge.max_connections_per_source",
+        ),
+        ("handshake_timeout_ms = 10", "edge.handshake_timeout_ms"),
         ("tenant_burst = 0", "edge.tenant_burst"),
     ] {
         let err = invalid(&with(&format!("[edge]\n{extra}")));

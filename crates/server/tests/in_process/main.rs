@@ -14,5 +14,6 @@ mod cluster;
 mod config;
 mod epochs;
 mod errors;
+mod hostile;
 mod sharding;
 mod transport;
