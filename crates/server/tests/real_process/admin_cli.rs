@@ -7,25 +7,6 @@ use crate::common;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-/// Four consecutive free ports: three for `fencelock dev`, one for the
-/// node that joins.
-fn free_base_port() -> u16 {
-    for _ in 0..200 {
-        let base = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        if base > 60_000 {
-            continue;
-        }
-        if (0..4).all(|i| std::net::TcpListener::bind(("127.0.0.1", base + i)).is_ok()) {
-            return base;
-        }
-    }
-    panic!("no four consecutive free ports");
-}
-
 /// Stops a child process when the test ends, however it ends.
 struct Guard(Child);
 
@@ -78,7 +59,7 @@ fn acquire_ok(endpoint: &str, resource: &str) -> bool {
 fn operator_reshapes_a_running_cluster_with_the_admin_cli() {
     let bin = &common::fencelock_bin();
     let dir = tempfile::tempdir().unwrap();
-    let base = free_base_port();
+    let base = common::free_ports(4);
     let _dev = Guard(
         Command::new(bin)
             .args([
@@ -89,6 +70,10 @@ fn operator_reshapes_a_running_cluster_with_the_admin_cli() {
                 "4",
                 "--base-port",
                 &base.to_string(),
+                // The default admin ports (9101-9103) may be taken on a
+                // shared machine; this test does not use them.
+                "--admin-base-port",
+                "0",
                 "--dir",
             ])
             .arg(dir.path().join("cluster"))
@@ -185,13 +170,15 @@ fn operator_reshapes_a_running_cluster_with_the_admin_cli() {
         ),
     )
     .unwrap();
-    let _node4 = Guard(
+    // Its output goes to a file, shown if it does not come up.
+    let log4 = dir.path().join("node4.log");
+    let mut node4 = Guard(
         Command::new(bin)
             .args(["serve", "--config"])
             .arg(&config4)
             .env("RUST_LOG", "warn")
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(std::fs::File::create(&log4).unwrap())
             .spawn()
             .unwrap(),
     );
@@ -199,7 +186,14 @@ fn operator_reshapes_a_running_cluster_with_the_admin_cli() {
     // connection reports it once more on its next call.
     let deadline = Instant::now() + Duration::from_secs(30);
     while std::net::TcpStream::connect(&addr4).is_err() {
-        assert!(Instant::now() < deadline, "node 4 did not start");
+        let exited = node4.0.try_wait().unwrap();
+        if exited.is_some() || Instant::now() >= deadline {
+            panic!(
+                "node 4 did not start ({}): {}",
+                exited.map_or("still running".to_owned(), |s| s.to_string()),
+                std::fs::read_to_string(&log4).unwrap_or_default()
+            );
+        }
         std::thread::sleep(Duration::from_millis(50));
     }
     admin(&endpoint, &["add-node", "--id", "4", "--addr", &addr4]);
