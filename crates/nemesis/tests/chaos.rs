@@ -75,21 +75,21 @@ fn renumber(h: &mut History) {
 /// A second holder granted in the middle of a released lease's window.
 fn add_second_holder(h: &History) -> Option<History> {
     let top = h.ops.iter().filter_map(|o| o.grant()).map(|g| g.1).max()?;
-    let (grant, release) = h.ops.iter().find_map(|a| {
-        let (lease, _) = a.grant()?;
-        let release = h.ops.iter().find(|r| {
-            matches!(&r.call, Call::Release { lease_id, .. } if lease_id == lease)
-                && r.invoke_ns > a.complete_ns + 10_000_000
-        })?;
-        Some((a, release))
-    })?;
+    // Inside a window the checkers hold the lease certain (from the grant's
+    // answer to its first release or stop-by deadline): a release sent late
+    // (a paused client) does not stretch it, so the mutant goes in the
+    // middle of a window, not between the grant and its release.
+    let leases = check::lease_facts(h, &CheckConfig::default());
+    let lease = leases
+        .iter()
+        .find(|l| l.window_end_ns > l.window_start_ns() + 10_000_000)?;
     let mut out = h.clone();
-    let mid = (grant.complete_ns + release.invoke_ns) / 2;
+    let mid = (lease.window_start_ns() + lease.window_end_ns) / 2;
     out.ops.push(Operation {
         id: 0,
         process: 77_777,
         call: Call::Acquire {
-            resource: grant.call.resource().to_owned(),
+            resource: lease.resource.to_owned(),
             request_id: "mutant".into(),
             ttl_ms: 3_000,
             wait_ms: 0,
