@@ -21,7 +21,7 @@ use rand::Rng as _;
 use tonic::transport::Channel;
 use tonic::Code;
 
-use super::json::Object;
+use super::json::{Object, Value};
 use super::{ClientOpts, Output, EXIT_LOCK, EXIT_OK, EXIT_OTHER, EXIT_UNAVAILABLE, EXIT_USAGE};
 
 /// NOT_LEADER redirects followed before giving up.
@@ -146,8 +146,10 @@ pub async fn acquire(args: AcquireArgs) -> u8 {
             let context = Object::new()
                 .with("resource", args.resource.as_str())
                 .with("request_id", request_id_hex.as_str());
+            // A request that never got a connection cannot have been granted.
+            let maybe_granted = matches!(failure, Failure::Status(_));
             let code = report_failure(&args.opts, failure, context);
-            if code == EXIT_UNAVAILABLE {
+            if code == EXIT_UNAVAILABLE && maybe_granted {
                 eprintln!(
                     "note: the acquire may have been granted; retry it with --request-id {request_id_hex} \
                      to get its outcome without a second grant"
@@ -293,6 +295,9 @@ pub enum Failure {
     BadEndpoint(String),
     /// The server's answer, or a transport failure as UNAVAILABLE.
     Status(tonic::Status),
+    /// No node could be connected to (the last failure): the request was
+    /// never sent, so it cannot have taken effect.
+    NeverSent(tonic::Status),
 }
 
 /// `127.0.0.1:7001` → `http://127.0.0.1:7001`; URLs stay as they are.
@@ -390,13 +395,17 @@ where
     let mut url = first.clone();
     let mut hops = 0;
     let mut retries = 0;
+    let mut sent = false;
     loop {
         let mut unreachable = false;
         let status = match connect(&url, timeout, &tls).await {
-            Ok(client) => match rpc(client).await {
-                Ok(response) => return Ok(response.into_inner()),
-                Err(status) => status,
-            },
+            Ok(client) => {
+                sent = true;
+                match rpc(client).await {
+                    Ok(response) => return Ok(response.into_inner()),
+                    Err(status) => status,
+                }
+            }
             Err(Failure::Status(status)) => {
                 unreachable = true;
                 status
@@ -428,6 +437,7 @@ where
                 }
                 tokio::time::sleep(delay).await;
             }
+            Next::Fail if !sent => return Err(Failure::NeverSent(status)),
             Next::Fail => return Err(Failure::Status(status)),
         }
     }
@@ -497,7 +507,7 @@ fn report_failure(opts: &ClientOpts, failure: Failure, context: Object) -> u8 {
             eprintln!("error: {message}");
             return EXIT_USAGE;
         }
-        Failure::Status(status) => status,
+        Failure::Status(status) | Failure::NeverSent(status) => status,
     };
     let (reason, message) = describe(&status);
     eprintln!("error: {reason}: {message}");
@@ -562,13 +572,86 @@ fn print_success(opts: &ClientOpts, headline: &str, object: &Object) {
         Output::Json => println!("{}", object.render()),
         Output::Human => {
             println!("{headline}");
+            let now_ms = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as u64);
             for (key, value) in object.fields() {
                 if *key != "ok" && *key != "resource" {
+                    let (key, value) = human_field(key, value, now_ms);
                     println!("  {key:<14} {value}");
                 }
             }
         }
     }
+}
+
+/// A field as a person reads it: a `..._at_ms` wall-clock time as "in
+/// 29.8 s (2026-12-02T01:52:18Z)" relative to `now_ms`, a `..._ms` duration
+/// in seconds; the name loses its `_ms`. Everything else as it is. (JSON
+/// output keeps the milliseconds, for programs.)
+pub fn human_field(key: &str, value: &Value, now_ms: u64) -> (String, String) {
+    let Value::U64(ms) = value else {
+        return (key.to_owned(), value.to_string());
+    };
+    if let Some(name) = key.strip_suffix("_at_ms") {
+        let when = if *ms == 0 {
+            "-".to_owned()
+        } else {
+            let relative = if *ms >= now_ms {
+                format!("in {}", seconds(*ms - now_ms))
+            } else {
+                format!("{} ago", seconds(now_ms - *ms))
+            };
+            format!("{relative} ({})", utc_rfc3339(*ms))
+        };
+        return (format!("{name}_at"), when);
+    }
+    if let Some(name) = key.strip_suffix("_ms") {
+        return (name.to_owned(), seconds(*ms));
+    }
+    (key.to_owned(), value.to_string())
+}
+
+/// `ms` as seconds with one decimal ("29.8 s"), whole ones without ("30 s").
+fn seconds(ms: u64) -> String {
+    if ms.is_multiple_of(1000) {
+        format!("{} s", ms / 1000)
+    } else {
+        format!("{}.{} s", ms / 1000, (ms % 1000) / 100)
+    }
+}
+
+/// Milliseconds since the Unix epoch as an RFC 3339 UTC time to the second.
+fn utc_rfc3339(ms: u64) -> String {
+    let secs = ms / 1000;
+    let (days, rest) = (secs / 86_400, secs % 86_400);
+    let (year, month, day) = civil_from_days(days);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
+        rest / 3600,
+        rest % 3600 / 60,
+        rest % 60
+    )
+}
+
+/// The proleptic Gregorian date `days` after 1970-01-01 (the days-to-civil
+/// arithmetic over 400-year eras of 146097 days).
+fn civil_from_days(days: u64) -> (u64, u64, u64) {
+    let z = days + 719_468; // days since 0000-03-01
+    let era = z / 146_097;
+    let day_of_era = z % 146_097;
+    let year_of_era =
+        (day_of_era - day_of_era / 1460 + day_of_era / 36_524 - day_of_era / 146_096) / 365;
+    let day_of_year = day_of_era - (365 * year_of_era + year_of_era / 4 - year_of_era / 100);
+    let month_index = (5 * day_of_year + 2) / 153; // 0 = March
+    let day = day_of_year - (153 * month_index + 2) / 5 + 1;
+    let month = if month_index < 10 {
+        month_index + 3
+    } else {
+        month_index - 9
+    };
+    let year = year_of_era + era * 400 + u64::from(month <= 2);
+    (year, month, day)
 }
 
 #[cfg(test)]
@@ -673,6 +756,35 @@ mod tests {
         assert_eq!(
             json,
             r#"{"ok":false,"resource":"demo/a","reason":"LOCK_HELD","code":"ABORTED","message":"held","retry":"BACKOFF","shard_id":3,"holder_expires_at_ms":1700000000000,"queue_length":2}"#
+        );
+    }
+
+    #[test]
+    fn people_read_times_and_durations_in_seconds() {
+        let now = 1_796_090_000_000; // 2026-12-01T01:53:20Z
+        assert_eq!(utc_rfc3339(now), "2026-12-01T01:53:20Z");
+        assert_eq!(utc_rfc3339(0), "1970-01-01T00:00:00Z");
+        assert_eq!(utc_rfc3339(951_782_400_000), "2000-02-29T00:00:00Z");
+        assert_eq!(utc_rfc3339(4_107_542_399_000), "2100-02-28T23:59:59Z");
+        assert_eq!(
+            human_field("expires_at_ms", &Value::U64(now + 29_800), now),
+            (
+                "expires_at".to_owned(),
+                "in 29.8 s (2026-12-01T01:53:49Z)".to_owned()
+            )
+        );
+        assert_eq!(
+            human_field("expires_at_ms", &Value::U64(now - 2_000), now).1,
+            "2 s ago (2026-12-01T01:53:18Z)"
+        );
+        assert_eq!(human_field("expires_at_ms", &Value::U64(0), now).1, "-");
+        assert_eq!(
+            human_field("lease_ttl_ms", &Value::U64(30_000), now),
+            ("lease_ttl".to_owned(), "30 s".to_owned())
+        );
+        assert_eq!(
+            human_field("fencing_token", &Value::U64(42), now),
+            ("fencing_token".to_owned(), "42".to_owned())
         );
     }
 

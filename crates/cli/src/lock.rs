@@ -451,8 +451,11 @@ async fn release(guard: LockGuard) -> Released {
 fn report_acquire_failure(args: &LockArgs, error: &ClientError) -> u8 {
     let code = acquire_exit_code(error);
     eprintln!("error: {error}");
+    // Only a request that reached a node may have been granted; one that
+    // never got a connection cannot have been.
     if let ClientError::Unavailable {
         request_id: Some(id),
+        sent: true,
         ..
     } = error
     {
@@ -648,6 +651,7 @@ mod tests {
             attempts: 1,
             last_error: String::new(),
             request_id: None,
+            sent: true,
         };
         assert_eq!(acquire_exit_code(&unavailable), EXIT_UNAVAILABLE);
     }

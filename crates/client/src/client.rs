@@ -293,6 +293,7 @@ impl Client {
                     timeout_ms,
                     attempts,
                     last_error,
+                    sent,
                     ..
                 }) => {
                     return Err(ClientError::Unavailable {
@@ -300,6 +301,7 @@ impl Client {
                         attempts,
                         last_error,
                         request_id: Some(request_id),
+                        sent,
                     })
                 }
                 Err(e) => return Err(e),
@@ -436,18 +438,23 @@ impl Inner {
         let mut first_sent_at = None;
         let mut attempts = 0u32;
         let mut last: Option<Failure> = None;
-        let unavailable = |attempts: u32, last: Option<Failure>| ClientError::Unavailable {
-            timeout_ms: u64::try_from(deadline.saturating_duration_since(started).as_millis())
-                .unwrap_or(u64::MAX),
-            attempts,
-            last_error: last.map_or_else(|| "no attempt fitted".to_owned(), |f| f.summary),
-            request_id: None,
-        };
+        // Whether any attempt got further than a refused TCP connect: only
+        // then may the call have taken effect.
+        let mut sent = false;
+        let unavailable =
+            |attempts: u32, last: Option<Failure>, sent: bool| ClientError::Unavailable {
+                timeout_ms: u64::try_from(deadline.saturating_duration_since(started).as_millis())
+                    .unwrap_or(u64::MAX),
+                attempts,
+                last_error: last.map_or_else(|| "no attempt fitted".to_owned(), |f| f.summary),
+                request_id: None,
+                sent,
+            };
         loop {
             let now = Instant::now();
             let remaining = deadline.saturating_duration_since(now);
             if remaining.is_zero() {
-                return Err(unavailable(attempts, last));
+                return Err(unavailable(attempts, last, sent));
             }
             let attempt_timeout = match limit {
                 AttemptLimit::Bounded => remaining.min(self.config.attempt_timeout()),
@@ -486,6 +493,7 @@ impl Inner {
                 }
             };
             let failure = classify(&status);
+            sent |= !failure.never_sent;
             let is_final = failure
                 .detail
                 .as_ref()
@@ -517,7 +525,7 @@ impl Inner {
             url = next;
             last = Some(failure);
             if Instant::now() + delay >= deadline {
-                return Err(unavailable(attempts, last));
+                return Err(unavailable(attempts, last, sent));
             }
             tokio::time::sleep(delay).await;
         }

@@ -32,13 +32,16 @@ pub enum ClientError {
     /// unknown outcome. A write may or may not have taken effect. For an
     /// acquire, `request_id` is the id it used: retrying with it
     /// ([`AcquireOptions::request_id`](crate::AcquireOptions)) learns the
-    /// outcome without a second grant.
+    /// outcome without a second grant. `sent` is false when no attempt got
+    /// as far as an open connection (every node refused or could not be
+    /// reached at the TCP level): then nothing can have taken effect.
     #[error("no definitive answer within {timeout_ms} ms after {attempts} attempts; last error: {last_error}")]
     Unavailable {
         timeout_ms: u64,
         attempts: u32,
         last_error: String,
         request_id: Option<RequestId>,
+        sent: bool,
     },
 
     /// An acquire retried with an explicit request id found that id's

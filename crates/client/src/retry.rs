@@ -55,6 +55,35 @@ pub(crate) struct Failure {
     pub detail: Option<ErrorDetail>,
     /// `REASON: message` or `CODE: message`, for errors and logs.
     pub summary: String,
+    /// The attempt failed to open its connection: the request never left
+    /// the client, so it cannot have taken effect.
+    pub never_sent: bool,
+}
+
+/// Whether `status` is a failure to connect (refused, unreachable, no such
+/// address): the request was never sent. Anything else, a timeout or a
+/// connection cut mid-call above all, may have reached a node.
+pub(crate) fn is_connect_failure(status: &tonic::Status) -> bool {
+    use std::io::ErrorKind;
+    if status.code() != Code::Unavailable || ErrorDetail::from_status(status).is_some() {
+        return false;
+    }
+    let mut source: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(status);
+    while let Some(error) = source {
+        if let Some(io) = error.downcast_ref::<std::io::Error>() {
+            if matches!(
+                io.kind(),
+                ErrorKind::ConnectionRefused
+                    | ErrorKind::AddrNotAvailable
+                    | ErrorKind::NetworkUnreachable
+                    | ErrorKind::HostUnreachable
+            ) {
+                return true;
+            }
+        }
+        source = error.source();
+    }
+    false
 }
 
 /// Reads a failed attempt.
@@ -69,6 +98,7 @@ pub(crate) fn classify(status: &tonic::Status) -> Failure {
                 reroute,
                 detail: None,
                 summary,
+                never_sent: is_connect_failure(status),
             }
         }
     }
@@ -89,6 +119,7 @@ pub(crate) fn classify_detail(detail: ErrorDetail, code: Code) -> Failure {
         reroute,
         summary: detail.to_string(),
         detail: Some(detail),
+        never_sent: false,
     }
 }
 

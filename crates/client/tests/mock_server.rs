@@ -480,8 +480,39 @@ async fn retries_stop_at_the_call_deadline_with_the_request_id_to_retry_with() {
     };
     assert!(*attempts >= 3, "{attempts} attempts");
     assert!(err.outcome_unknown());
+    assert!(
+        matches!(err, ClientError::Unavailable { sent: true, .. }),
+        "answered attempts were sent: {err:?}"
+    );
     let acquires = fake.acquires.lock().unwrap();
     assert!(acquires.iter().all(|a| a.request_id == id.as_bytes()));
+}
+
+#[tokio::test]
+async fn an_acquire_that_never_got_a_connection_says_nothing_was_sent() {
+    // A port nobody listens on: every attempt is a refused connect.
+    let dead = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().to_string()
+    };
+    let config = ClientConfig {
+        call_timeout_ms: 600,
+        ..fast_config()
+    };
+    let client = Client::connect(vec![dead], config).await.unwrap();
+    let err = client.acquire("acme/x", 5_000, 0).await.unwrap_err();
+    let ClientError::Unavailable {
+        attempts,
+        sent,
+        request_id,
+        ..
+    } = &err
+    else {
+        panic!("expected Unavailable, got {err:?}")
+    };
+    assert!(*attempts >= 1, "{err}");
+    assert!(!sent, "a refused connect cannot have been granted: {err}");
+    assert!(request_id.is_some());
 }
 
 #[tokio::test]

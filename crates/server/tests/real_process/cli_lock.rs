@@ -296,3 +296,31 @@ async fn a_missing_command_exits_127_and_releases_the_lock() {
     assert_eq!(output.status.code(), Some(127));
     assert!(!get(&cluster, 1, r).await.unwrap().held);
 }
+
+/// Issue 24 item 7: a request that never got a connection cannot have been
+/// granted, so neither `lock` nor `acquire` says it may have been.
+#[tokio::test]
+async fn an_acquire_that_never_reached_a_node_does_not_say_it_may_have_been_granted() {
+    // A port nobody listens on.
+    let dead = format!("127.0.0.1:{}", common::free_port());
+    for args in [
+        vec![
+            "lock",
+            "acme/never/sent",
+            "--endpoints",
+            &dead,
+            "--",
+            "true",
+        ],
+        vec!["acquire", "acme/never/sent", "--endpoint", &dead],
+    ] {
+        let out = fencelock(&args).output().await.unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(3), "{args:?}: {stderr}");
+        assert!(
+            !stderr.contains("may have been granted"),
+            "{args:?} claims a grant that cannot have happened: {stderr}"
+        );
+        assert!(stderr.contains("error:"), "{args:?}: {stderr}");
+    }
+}
