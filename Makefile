@@ -9,7 +9,7 @@ CARGO_TARGET_DIR ?= $(HOME)/.cache/fencelock/target
 export CARGO_TARGET_DIR
 CARGO ?= cargo
 
-.PHONY: deps build test test-clients lint fmt run clean check-deploy
+.PHONY: deps build test test-clients lint fmt run install clean check-deploy
 
 deps:
 	@deploy/scripts/ensure-deps.sh
@@ -25,7 +25,9 @@ test: deps
 # has them, and the conformance suite of every client (Python, Rust, Node)
 # against a real cluster of the binary built above (clients/test.sh).
 test-clients:
-	FENCELOCK_BIN=$${FENCELOCK_BIN:-$(CARGO_TARGET_DIR)/debug/fencelock} clients/test.sh
+	FENCELOCK_BIN=$${FENCELOCK_BIN:-$(CARGO_TARGET_DIR)/debug/fencelock} \
+	FENCELOCK_BENCH_BIN=$${FENCELOCK_BENCH_BIN:-$(CARGO_TARGET_DIR)/debug/fencelock-bench} \
+	clients/test.sh
 
 lint: deps
 	$(CARGO) fmt --all -- --check
@@ -42,6 +44,13 @@ check-deploy: deps
 
 run: deps
 	@deploy/scripts/dev-cluster.sh
+
+# Puts `fencelock` on PATH: cargo's bin directory (~/.cargo/bin, on PATH
+# wherever rustup installed Rust), or $(PREFIX)/bin when PREFIX is given.
+# The release build is the one `make run` made (same CARGO_TARGET_DIR).
+PREFIX ?=
+install: deps
+	$(CARGO) install --locked --path crates/cli --bin fencelock --force $(if $(PREFIX),--root $(PREFIX))
 
 clean:
 	$(CARGO) clean

@@ -6,30 +6,11 @@ use crate::common;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// Three consecutive free ports (what `--base-port` needs).
-fn free_base_port() -> u16 {
-    for _ in 0..200 {
-        let base = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        if base > 60_000 {
-            continue;
-        }
-        let all_free = (0..3).all(|i| std::net::TcpListener::bind(("127.0.0.1", base + i)).is_ok());
-        if all_free {
-            return base;
-        }
-    }
-    panic!("no three consecutive free ports");
-}
-
 #[test]
 fn dev_cluster_starts_and_the_readme_acquire_works() {
     let bin = &common::fencelock_bin();
     let dir = tempfile::tempdir().unwrap();
-    let base = free_base_port();
+    let base = common::free_ports(3);
     let mut dev = Command::new(bin)
         .args([
             "dev",
@@ -79,6 +60,38 @@ fn dev_cluster_starts_and_the_readme_acquire_works() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(stdout.contains("fencing_token"), "{stdout}");
+    assert!(
+        stdout.contains("\"expires_at_ms\":"),
+        "JSON keeps milliseconds: {stdout}"
+    );
+    // People read times: "expires_at  in 29.9 s (2026-...Z)", "lease_ttl  30 s".
+    let human = Command::new(bin)
+        .args([
+            "acquire",
+            "acme/orders/43",
+            "--ttl-ms",
+            "30000",
+            "--endpoint",
+            &endpoint,
+        ])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&human.stdout);
+    assert!(human.status.success(), "{stdout}");
+    let expires = stdout
+        .lines()
+        .find(|l| l.trim_start().starts_with("expires_at "))
+        .unwrap_or_else(|| panic!("no expires_at line: {stdout}"));
+    assert!(
+        expires.contains(" in ") && expires.trim_end().ends_with("Z)"),
+        "{expires}"
+    );
+    assert!(
+        stdout
+            .lines()
+            .any(|l| l.trim_start().starts_with("lease_ttl ") && l.trim_end().ends_with(" s")),
+        "{stdout}"
+    );
     // A second acquire of the same resource is refused with exit code 1.
     let again = Command::new(bin)
         .args(["acquire", "acme/orders/42", "--endpoint", &endpoint])
@@ -106,4 +119,45 @@ fn dev_cluster_starts_and_the_readme_acquire_works() {
         std::thread::sleep(Duration::from_millis(100));
     }
     let _ = dev.kill();
+}
+
+/// `make install` puts the `fencelock` binary of crates/cli on PATH (cargo's
+/// bin directory, or PREFIX/bin), and the README's examples call it by name,
+/// not by a path into the build directory. (A dry run: a real install is a
+/// release build, which `make test` does not pay for.)
+#[test]
+fn make_install_puts_fencelock_on_the_path_and_the_readme_calls_it_by_name() {
+    let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let out = Command::new("make")
+        .args(["-n", "install", "PREFIX=/opt/fencelock-test"])
+        .current_dir(&repo)
+        .output()
+        .expect("make runs");
+    let plan = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{plan} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let install = plan
+        .lines()
+        .find(|l| l.contains("cargo install"))
+        .unwrap_or_else(|| panic!("no cargo install in `make -n install`: {plan}"));
+    for part in [
+        "--locked",
+        "--path crates/cli",
+        "--bin fencelock",
+        "--root /opt/fencelock-test",
+    ] {
+        assert!(install.contains(part), "{part} missing: {install}");
+    }
+    let readme = std::fs::read_to_string(repo.join("README.md")).unwrap();
+    assert!(
+        readme.contains("make install"),
+        "README does not say `make install`"
+    );
+    assert!(
+        !readme.contains("target/release/fencelock "),
+        "README calls fencelock by a build-directory path"
+    );
 }
