@@ -8,7 +8,9 @@
 #   5. the conformance suite (clients/conformance) for every agent found,
 #      against a real cluster of `fencelock serve` processes
 #      (FENCELOCK_BIN, else $CARGO_TARGET_DIR/debug/fencelock, else
-#      /work/main/target/debug/fencelock).
+#      /work/main/target/debug/fencelock); its tools test also runs
+#      `fencelock-bench client-load` (FENCELOCK_BENCH_BIN, else
+#      $CARGO_TARGET_DIR/debug/fencelock-bench, built after step 3).
 # Set FENCELOCK_AGENTS=python,rust,node to require exactly those agents.
 set -euo pipefail
 
@@ -46,6 +48,10 @@ step "mypy --strict on the installed package"
 
 step "Rust conformance agent"
 (cd "$repo" && "$CARGO" build --locked -q -p fencelock-client --example conformance_agent)
+
+step "fencelock-bench (its client-load subcommand is run by the conformance tools test)"
+(cd "$repo" && "$CARGO" build --locked -q -p fencelock-bench --bin fencelock-bench)
+export FENCELOCK_BENCH_BIN="${FENCELOCK_BENCH_BIN:-${CARGO_TARGET_DIR:-$repo/target}/debug/fencelock-bench}"
 
 if [[ -x "$repo/clients/node/test.sh" ]]; then
     step "Node client tests (clients/node/test.sh)"

@@ -33,6 +33,28 @@ pub enum BenchError {
         source: std::io::Error,
     },
 
+    /// The client library's package cannot be imported by the interpreter
+    /// `client-load` runs.
+    #[error(
+        "the Python client is not importable by {python} ({detail}): \
+         pip install ./clients/python (into a virtualenv: `python3 -m venv .venv`), \
+         or pass --python with an interpreter that has it"
+    )]
+    ClientNotInstalled { python: String, detail: String },
+
+    /// A client process of `client-load` failed, overran its time or
+    /// printed no result.
+    #[error("client process {process}: {reason}\n--- its stderr (tail)\n{stderr}")]
+    ClientProcess {
+        process: usize,
+        reason: String,
+        stderr: String,
+    },
+
+    /// Running the client processes failed for another reason.
+    #[error("client-load: {0}")]
+    Client(String),
+
     /// Serializing results failed.
     #[error("serializing results: {0}")]
     Serialize(#[from] serde_json::Error),

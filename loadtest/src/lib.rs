@@ -18,7 +18,10 @@
 //! * [`stats`] — HDR histograms per operation, outcome counts, per-second
 //!   series; [`report`] turns them into JSON, an HTML page with SVG charts,
 //!   and Markdown tables.
+//! * [`client_load`] — load from a client library's own processes
+//!   (`clients/python/bench.py`), to measure the client's overhead.
 
+pub mod client_load;
 pub mod cluster;
 pub mod driver;
 pub mod error;

@@ -5,12 +5,18 @@
 //! * `compare` — the side-by-side suite behind `make bench`: every profile
 //!   against fencelock and against etcd, each on a fresh local cluster, one
 //!   report.
+//! * `client-load` — load from client processes of the Python package
+//!   (`clients/python/bench.py`), ops/s per process and in total.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
+use fencelock_bench::client_load::{
+    self, ClientLoadSetup, ClientTls, DEFAULT_CLIENT_PROCS, DEFAULT_CLIENT_SECONDS,
+    DEFAULT_CLIENT_THREADS, DEFAULT_PYTHON,
+};
 use fencelock_bench::driver::{TargetKind, DEFAULT_OP_TIMEOUT_MS};
 use fencelock_bench::error::BenchError;
 use fencelock_bench::profile::saturate::LoadMode;
@@ -33,6 +39,100 @@ enum Command {
     /// Run profiles against fencelock and etcd side by side (what `make
     /// bench` does); writes one report.
     Compare(CompareArgs),
+    /// Drive the load from processes of the Python client
+    /// (clients/python/bench.py) and report ops/s per process and in total.
+    ClientLoad(ClientLoadArgs),
+}
+
+#[derive(Debug, Args)]
+struct ClientLoadArgs {
+    /// Existing nodes (`host:port`, comma-separated). Without it a local
+    /// three-node cluster (no TLS) is started and stopped.
+    #[arg(long, value_delimiter = ',')]
+    endpoints: Option<Vec<String>>,
+    /// Client processes started side by side.
+    #[arg(long, default_value_t = DEFAULT_CLIENT_PROCS)]
+    client_procs: usize,
+    /// Closed-loop acquire/release threads per process.
+    #[arg(long, default_value_t = DEFAULT_CLIENT_THREADS)]
+    threads: u32,
+    /// Seconds each process loads the cluster.
+    #[arg(long, default_value_t = DEFAULT_CLIENT_SECONDS)]
+    seconds: f64,
+    /// Lease TTL in seconds (default: bench.py's).
+    #[arg(long)]
+    ttl_s: Option<f64>,
+    /// Tenant prefix of the resources (default: bench.py's).
+    #[arg(long)]
+    tenant: Option<String>,
+    /// The Python interpreter that has the `fencelock` package (e.g. a
+    /// virtualenv's bin/python).
+    #[arg(long, default_value = DEFAULT_PYTHON)]
+    python: PathBuf,
+    /// The client's load script (default: clients/python/bench.py of this
+    /// repository).
+    #[arg(long)]
+    bench_script: Option<PathBuf>,
+    /// CA certificate for the clients (with --endpoints of a TLS cluster;
+    /// also needs --cert-file and --key-file).
+    #[arg(long, requires_all = ["cert_file", "key_file"])]
+    ca_file: Option<PathBuf>,
+    #[arg(long, requires = "ca_file")]
+    cert_file: Option<PathBuf>,
+    #[arg(long, requires = "ca_file")]
+    key_file: Option<PathBuf>,
+    /// Where client-load.json goes.
+    #[arg(long, default_value = "target/bench")]
+    out: PathBuf,
+    /// The `fencelock` binary for the local cluster (this flag or
+    /// $FENCELOCK_BIN, else beside this program, else PATH).
+    #[arg(long, env = "FENCELOCK_BIN")]
+    fencelock_bin: Option<PathBuf>,
+    /// Where the local cluster keeps its data (deleted afterwards unless
+    /// --keep-data).
+    #[arg(long, default_value = "target/bench/clusters")]
+    work_dir: PathBuf,
+    #[arg(long)]
+    keep_data: bool,
+    /// Shards per node of the local cluster.
+    #[arg(long, default_value_t = DEFAULT_SHARDS)]
+    shards: u32,
+}
+
+impl ClientLoadArgs {
+    fn setup(&self) -> ClientLoadSetup {
+        let tls = match (&self.ca_file, &self.cert_file, &self.key_file) {
+            (Some(ca), Some(cert), Some(key)) => Some(ClientTls {
+                ca_file: ca.clone(),
+                cert_file: cert.clone(),
+                key_file: key.clone(),
+            }),
+            _ => None,
+        };
+        ClientLoadSetup {
+            endpoints: self.endpoints.clone(),
+            fencelock_bin: self.fencelock_bin.clone(),
+            work_dir: self.work_dir.clone(),
+            shards: self.shards,
+            keep_data: self.keep_data,
+            python: self.python.clone(),
+            script: self.bench_script.clone(),
+            procs: self.client_procs,
+            threads: self.threads,
+            seconds: self.seconds,
+            ttl_s: self.ttl_s,
+            tenant: self.tenant.clone(),
+            tls,
+        }
+    }
+}
+
+async fn client_load(args: &ClientLoadArgs) -> Result<(), BenchError> {
+    let report = client_load::run(&args.setup()).await?;
+    print!("{}", report.table());
+    let path = report.write(&args.out)?;
+    eprintln!("writing {}", path.display());
+    Ok(())
 }
 
 #[derive(Debug, Args)]
@@ -214,6 +314,7 @@ async fn run(cli: Cli) -> Result<(), BenchError> {
                 args.profile,
             )],
         ),
+        Command::ClientLoad(args) => return client_load(args).await,
         Command::Compare(args) => (
             &args.common,
             args.targets
