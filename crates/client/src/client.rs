@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use fencelock_api::v1::lock_service_client::LockServiceClient;
 use fencelock_api::v1::{
     AcquireRequest, AcquireResponse, GetRequest, GetResponse, LeaseState, Reason, ReleaseRequest,
-    RenewRequest,
+    RenewRequest, RenewResponse,
 };
 use tokio::sync::{oneshot, watch, Notify};
 use tonic::transport::Channel;
@@ -236,43 +236,14 @@ impl Client {
         resource: &str,
         options: AcquireOptions,
     ) -> Result<LockGuard, ClientError> {
-        if options.wait_timeout_ms > MAX_WAIT_TIMEOUT_MS {
-            return Err(ClientError::InvalidArgument(format!(
-                "wait_timeout_ms {} is over the maximum {MAX_WAIT_TIMEOUT_MS}",
-                options.wait_timeout_ms
-            )));
-        }
         let inner = &self.inner;
-        let deadline = Instant::now()
-            + inner.config.call_timeout()
-            + Duration::from_millis(options.wait_timeout_ms);
-        let limit = if options.wait_timeout_ms > 0 {
-            AttemptLimit::UntilDeadline
-        } else {
-            AttemptLimit::Bounded
-        };
+        let (deadline, limit) = inner.acquire_deadline(&options)?;
         let explicit_id = options.request_id.is_some();
-        let mut request_id = options.request_id.unwrap_or_else(RequestId::random);
+        let mut request_id = options.request_id.clone().unwrap_or_else(RequestId::random);
         let mut restarts = 0;
         loop {
-            let request = AcquireRequest {
-                resource: resource.to_owned(),
-                request_id: request_id.as_bytes().to_vec(),
-                lease_ttl_ms: options.lease_ttl_ms,
-                wait_timeout_ms: options.wait_timeout_ms,
-            };
             let result = inner
-                .call(
-                    Some(resource),
-                    None,
-                    deadline,
-                    limit,
-                    ACQUIRE_CONTENTION_REASONS,
-                    |mut client, timeout| {
-                        let request = with_timeout(request.clone(), timeout);
-                        async move { client.acquire(request).await }
-                    },
-                )
+                .acquire_call(resource, &options, &request_id, deadline, limit)
                 .await;
             // Starting over with a new id is safe only when the old id's
             // acquire is known to hold nothing, and only for ids this client
@@ -288,21 +259,6 @@ impl Client {
                     restarts += 1;
                     request_id = RequestId::random();
                     continue;
-                }
-                Err(ClientError::Unavailable {
-                    timeout_ms,
-                    attempts,
-                    last_error,
-                    sent,
-                    ..
-                }) => {
-                    return Err(ClientError::Unavailable {
-                        timeout_ms,
-                        attempts,
-                        last_error,
-                        request_id: Some(request_id),
-                        sent,
-                    })
                 }
                 Err(e) => return Err(e),
             };
@@ -320,11 +276,76 @@ impl Client {
                     fencing_token: response.fencing_token,
                 });
             }
-            inner
-                .router
-                .learn(Some(resource), response.shard_id, &answer.url);
             return Inner::hold(inner, resource, answer, deadline, request_id).await;
         }
+    }
+
+    /// One acquire that this client does not keep: the same routing and
+    /// retries with one request id as [`acquire_with`](Self::acquire_with),
+    /// but no [`LockGuard`], no renewals and no start-over with a new id.
+    /// The server's answer comes back as it is, with the request id used
+    /// (a retry with an explicit id may learn of a lease that has ended:
+    /// `lease_state` is not HELD then). The lease lives for its TTL unless
+    /// renewed ([`renew_unguarded`](Self::renew_unguarded)) or released
+    /// ([`release_unguarded`](Self::release_unguarded)) by its id: for
+    /// tools such as `fencelock acquire` that hand the lease to someone
+    /// else. Anything that protects work should use a guard.
+    pub async fn acquire_unguarded(
+        &self,
+        resource: &str,
+        options: AcquireOptions,
+    ) -> Result<(AcquireResponse, RequestId), ClientError> {
+        let inner = &self.inner;
+        let (deadline, limit) = inner.acquire_deadline(&options)?;
+        let request_id = options.request_id.clone().unwrap_or_else(RequestId::random);
+        let answer = inner
+            .acquire_call(resource, &options, &request_id, deadline, limit)
+            .await?;
+        Ok((answer.value, request_id))
+    }
+
+    /// One `Renew` of a lease by its id, with retries until the call's
+    /// deadline; `lease_ttl_ms` 0 keeps the lease's TTL. For leases taken
+    /// with [`acquire_unguarded`](Self::acquire_unguarded): a guard's lease
+    /// is renewed by the client itself.
+    pub async fn renew_unguarded(
+        &self,
+        resource: &str,
+        lease_id: &[u8],
+        lease_ttl_ms: u64,
+    ) -> Result<RenewResponse, ClientError> {
+        let request = RenewRequest {
+            resource: resource.to_owned(),
+            lease_id: lease_id.to_vec(),
+            lease_ttl_ms,
+        };
+        let deadline = Instant::now() + self.inner.config.call_timeout();
+        let answer = self
+            .inner
+            .call(
+                Some(resource),
+                None,
+                deadline,
+                AttemptLimit::Bounded,
+                &[],
+                |mut client, timeout| {
+                    let request = with_timeout(request.clone(), timeout);
+                    async move { client.renew(request).await }
+                },
+            )
+            .await?;
+        Ok(answer.value)
+    }
+
+    /// Releases a lease by its id, with retries until the call's deadline;
+    /// true if it held the lock (release is idempotent: false when it was
+    /// already released, expired or superseded).
+    pub async fn release_unguarded(
+        &self,
+        resource: &str,
+        lease_id: &[u8],
+    ) -> Result<bool, ClientError> {
+        self.inner.release_lease(resource, lease_id).await
     }
 
     /// A resource's lock state (linearizable read by the shard's leader).
@@ -528,6 +549,84 @@ impl Inner {
                 return Err(unavailable(attempts, last, sent));
             }
             tokio::time::sleep(delay).await;
+        }
+    }
+
+    /// The deadline of an acquire (`call_timeout_ms` + its wait) and how
+    /// long its attempts may take; refuses a wait over the maximum.
+    fn acquire_deadline(
+        &self,
+        options: &AcquireOptions,
+    ) -> Result<(Instant, AttemptLimit), ClientError> {
+        if options.wait_timeout_ms > MAX_WAIT_TIMEOUT_MS {
+            return Err(ClientError::InvalidArgument(format!(
+                "wait_timeout_ms {} is over the maximum {MAX_WAIT_TIMEOUT_MS}",
+                options.wait_timeout_ms
+            )));
+        }
+        let deadline = Instant::now()
+            + self.config.call_timeout()
+            + Duration::from_millis(options.wait_timeout_ms);
+        // A waiting acquire must stay on the wire: ending its call removes
+        // it from the queue.
+        let limit = if options.wait_timeout_ms > 0 {
+            AttemptLimit::UntilDeadline
+        } else {
+            AttemptLimit::Bounded
+        };
+        Ok((deadline, limit))
+    }
+
+    /// One logical acquire under `request_id`: every retry sends the same
+    /// request. An unavailable answer carries the id (retrying with it
+    /// learns the outcome); a granted one teaches the router the shard.
+    async fn acquire_call(
+        &self,
+        resource: &str,
+        options: &AcquireOptions,
+        request_id: &RequestId,
+        deadline: Instant,
+        limit: AttemptLimit,
+    ) -> Result<Answer<AcquireResponse>, ClientError> {
+        let request = AcquireRequest {
+            resource: resource.to_owned(),
+            request_id: request_id.as_bytes().to_vec(),
+            lease_ttl_ms: options.lease_ttl_ms,
+            wait_timeout_ms: options.wait_timeout_ms,
+        };
+        let result = self
+            .call(
+                Some(resource),
+                None,
+                deadline,
+                limit,
+                ACQUIRE_CONTENTION_REASONS,
+                |mut client, timeout| {
+                    let request = with_timeout(request.clone(), timeout);
+                    async move { client.acquire(request).await }
+                },
+            )
+            .await;
+        match result {
+            Ok(answer) => {
+                self.router
+                    .learn(Some(resource), answer.value.shard_id, &answer.url);
+                Ok(answer)
+            }
+            Err(ClientError::Unavailable {
+                timeout_ms,
+                attempts,
+                last_error,
+                sent,
+                ..
+            }) => Err(ClientError::Unavailable {
+                timeout_ms,
+                attempts,
+                last_error,
+                request_id: Some(request_id.clone()),
+                sent,
+            }),
+            Err(e) => Err(e),
         }
     }
 
