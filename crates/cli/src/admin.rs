@@ -23,14 +23,19 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 
 #[derive(Debug, Args)]
 pub struct AdminArgs {
-    /// Any node of the cluster.
+    /// Nodes of the cluster, comma-separated: the action goes to the first
+    /// that accepts a connection (any node answers every admin call).
+    /// Default: $FENCELOCK_ENDPOINTS, else $FENCELOCK_ENDPOINT, else
+    /// http://127.0.0.1:7001.
     #[arg(
         long,
-        env = "FENCELOCK_ENDPOINT",
-        default_value = "http://127.0.0.1:7001",
+        alias = "endpoint",
+        env = "FENCELOCK_ENDPOINTS",
+        value_delimiter = ',',
+        value_name = "HOST:PORT,...",
         global = true
     )]
-    endpoint: String,
+    endpoints: Vec<String>,
     /// Output format.
     #[arg(long, value_enum, default_value_t = Output::Human, global = true)]
     output: Output,
@@ -169,8 +174,50 @@ fn name_of(name: &str, prefix: &str) -> String {
     name.strip_prefix(prefix).unwrap_or(name).to_owned()
 }
 
+/// A connection to the first of `endpoints` that accepts one. Only a
+/// failed connect moves on to the next node: an admin action that was sent
+/// is never sent again elsewhere (it may be under way there).
+async fn connect_first(
+    endpoints: &[String],
+    tls: &fencelock_server::security::PeerTls,
+) -> Result<tonic::transport::Channel, u8> {
+    let mut refused = Vec::new();
+    for endpoint in endpoints {
+        let url = endpoint_url(endpoint);
+        let endpoint = match tls.endpoint(&url) {
+            Ok(e) => e
+                .connect_timeout(CONNECT_TIMEOUT)
+                .timeout(ADMIN_CALL_TIMEOUT),
+            Err(e) => {
+                eprintln!("error: invalid endpoint {url:?}: {e}");
+                return Err(EXIT_USAGE);
+            }
+        };
+        match endpoint.connect().await {
+            Ok(channel) => return Ok(channel),
+            Err(e) => refused.push(format!("{url}: {}", error_chain(&e))),
+        }
+    }
+    eprintln!(
+        "error: UNAVAILABLE: cannot connect to any node ({}); nothing was done",
+        refused.join("; ")
+    );
+    Err(EXIT_UNAVAILABLE)
+}
+
+/// An error and its sources, `a: b: c`.
+fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(e) = source {
+        text.push_str(": ");
+        text.push_str(&e.to_string());
+        source = e.source();
+    }
+    text
+}
+
 pub async fn run(args: AdminArgs) -> u8 {
-    let url = endpoint_url(&args.endpoint);
     let tls = match args.tls.peer_tls() {
         Ok(tls) => tls,
         Err(e) => {
@@ -178,21 +225,10 @@ pub async fn run(args: AdminArgs) -> u8 {
             return EXIT_USAGE;
         }
     };
-    let endpoint = match tls.endpoint(&url) {
-        Ok(e) => e
-            .connect_timeout(CONNECT_TIMEOUT)
-            .timeout(ADMIN_CALL_TIMEOUT),
-        Err(e) => {
-            eprintln!("error: invalid endpoint {url:?}: {e}");
-            return EXIT_USAGE;
-        }
-    };
-    let channel = match endpoint.connect().await {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("error: cannot connect to {url}: {e}");
-            return EXIT_UNAVAILABLE;
-        }
+    let endpoints = super::resolve_endpoints(&args.endpoints);
+    let channel = match connect_first(&endpoints, &tls).await {
+        Ok(channel) => channel,
+        Err(code) => return code,
     };
     let mut admin = AdminServiceClient::new(channel);
     let result = match args.command {

@@ -1,44 +1,19 @@
-//! `fencelock acquire | renew | release | get`: a minimal client.
+//! `fencelock acquire | renew | release | get`: one request each.
 //!
-//! Each command sends one request and follows the error contract of
-//! `errors.proto`: NOT_LEADER answers are followed to the hinted leader (at
-//! most [`MAX_LEADER_HOPS`] hops) and UNAVAILABLE answers are retried with
-//! jittered exponential backoff (at most [`MAX_RETRIES`] times), always with
-//! the same request, so a retried acquire keeps its `request_id` and can
-//! never be granted twice. A hinted leader that cannot be reached sends the
-//! retry back to the first endpoint, which learns the new leader.
-
-use std::future::Future;
-use std::time::Duration;
+//! The calls go through the `fencelock-client` library (its unguarded
+//! calls: no background renewal, the lease outlives the command), so the
+//! CLI follows exactly the library's routing and retry rules: leader hints
+//! followed, UNAVAILABLE answers retried with jittered backoff on the next
+//! of `--endpoints`, one `request_id` across an acquire's retries (never
+//! granted twice), all within the call's deadline.
 
 use clap::Args;
-use fencelock_api::v1::lock_service_client::LockServiceClient;
-use fencelock_api::v1::{
-    AcquireRequest, ErrorDetail, GetRequest, LeaseState, Reason, ReleaseRequest, RenewRequest,
-    RetryPolicy,
-};
-use rand::Rng as _;
-use tonic::transport::Channel;
+use fencelock_api::v1::{ErrorDetail, LeaseState, Reason, RetryPolicy};
+use fencelock_client::{AcquireOptions, Client, ClientConfig, ClientError, RequestId};
 use tonic::Code;
 
 use super::json::{Object, Value};
 use super::{ClientOpts, Output, EXIT_LOCK, EXIT_OK, EXIT_OTHER, EXIT_UNAVAILABLE, EXIT_USAGE};
-
-/// NOT_LEADER redirects followed before giving up.
-pub const MAX_LEADER_HOPS: u32 = 5;
-/// Retries of an UNAVAILABLE answer (other than a redirect) before giving up.
-pub const MAX_RETRIES: u32 = 5;
-/// First backoff step; doubles per retry up to [`MAX_BACKOFF`].
-const BASE_BACKOFF: Duration = Duration::from_millis(100);
-const MAX_BACKOFF: Duration = Duration::from_secs(2);
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
-/// Deadline of a call that does not wait in a queue.
-const CALL_TIMEOUT: Duration = Duration::from_secs(10);
-/// How long an acquire's deadline exceeds its wait timeout, so the server's
-/// answer (granted or WAIT_TIMED_OUT) arrives before the deadline.
-const WAIT_DEADLINE_MARGIN: Duration = Duration::from_secs(10);
-/// Length of a generated request id, in bytes.
-const REQUEST_ID_LEN: usize = 16;
 
 /// Bytes given in hex on the command line.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -122,34 +97,52 @@ pub struct GetArgs {
     opts: ClientOpts,
 }
 
-pub async fn acquire(args: AcquireArgs) -> u8 {
-    let request_id = match args.request_id {
-        Some(Hex(bytes)) => bytes,
-        None => rand::random::<[u8; REQUEST_ID_LEN]>().to_vec(),
+/// A client for `opts` (endpoints, TLS, `--verbose` logging of the
+/// library's retries), or the exit code after saying why not.
+async fn client_for(opts: &ClientOpts) -> Result<Client, u8> {
+    if opts.verbose {
+        super::lock::init_verbose_logging();
+    }
+    let tls = opts.tls.client_tls().map_err(|e| {
+        eprintln!("error: {e}");
+        EXIT_USAGE
+    })?;
+    let config = ClientConfig {
+        tls,
+        ..ClientConfig::default()
     };
-    let request = AcquireRequest {
-        resource: args.resource.clone(),
-        request_id: request_id.clone(),
+    Client::connect(super::resolve_endpoints(&opts.endpoints), config)
+        .await
+        .map_err(|e| report_client_error(opts, &e, Object::new()))
+}
+
+pub async fn acquire(args: AcquireArgs) -> u8 {
+    let client = match client_for(&args.opts).await {
+        Ok(client) => client,
+        Err(code) => return code,
+    };
+    let request_id = match args.request_id {
+        Some(Hex(bytes)) => match RequestId::from_bytes(bytes) {
+            Ok(id) => id,
+            Err(e) => return report_client_error(&args.opts, &e, Object::new()),
+        },
+        None => RequestId::random(),
+    };
+    let request_id_hex = request_id.to_string();
+    let options = AcquireOptions {
         lease_ttl_ms: args.ttl_ms.unwrap_or(0),
         wait_timeout_ms: args.wait_ms,
+        request_id: Some(request_id),
     };
-    let timeout = Duration::from_millis(args.wait_ms).saturating_add(WAIT_DEADLINE_MARGIN);
-    let result = call(&args.opts, timeout, |mut client| {
-        let request = request.clone();
-        async move { client.acquire(request).await }
-    })
-    .await;
-    let request_id_hex = hex::encode(&request_id);
-    let response = match result {
-        Ok(response) => response,
-        Err(failure) => {
+    let response = match client.acquire_unguarded(&args.resource, options).await {
+        Ok((response, _)) => response,
+        Err(error) => {
             let context = Object::new()
                 .with("resource", args.resource.as_str())
                 .with("request_id", request_id_hex.as_str());
+            let code = report_client_error(&args.opts, &error, context);
             // A request that never got a connection cannot have been granted.
-            let maybe_granted = matches!(failure, Failure::Status(_));
-            let code = report_failure(&args.opts, failure, context);
-            if code == EXIT_UNAVAILABLE && maybe_granted {
+            if matches!(error, ClientError::Unavailable { sent: true, .. }) {
                 eprintln!(
                     "note: the acquire may have been granted; retry it with --request-id {request_id_hex} \
                      to get its outcome without a second grant"
@@ -187,17 +180,14 @@ pub async fn acquire(args: AcquireArgs) -> u8 {
 }
 
 pub async fn renew(args: RenewArgs) -> u8 {
-    let request = RenewRequest {
-        resource: args.resource.clone(),
-        lease_id: args.lease_id.0.clone(),
-        lease_ttl_ms: args.ttl_ms.unwrap_or(0),
+    let client = match client_for(&args.opts).await {
+        Ok(client) => client,
+        Err(code) => return code,
     };
-    let result = call(&args.opts, CALL_TIMEOUT, |mut client| {
-        let request = request.clone();
-        async move { client.renew(request).await }
-    })
-    .await;
-    match result {
+    let renewed = client
+        .renew_unguarded(&args.resource, &args.lease_id.0, args.ttl_ms.unwrap_or(0))
+        .await;
+    match renewed {
         Ok(response) => {
             let object = Object::new()
                 .with("ok", true)
@@ -207,30 +197,28 @@ pub async fn renew(args: RenewArgs) -> u8 {
             print_success(&args.opts, &format!("renewed {}", args.resource), &object);
             EXIT_OK
         }
-        Err(failure) => {
+        Err(error) => {
             let context = Object::new().with("resource", args.resource.as_str());
-            report_failure(&args.opts, failure, context)
+            report_client_error(&args.opts, &error, context)
         }
     }
 }
 
 pub async fn release(args: ReleaseArgs) -> u8 {
-    let request = ReleaseRequest {
-        resource: args.resource.clone(),
-        lease_id: args.lease_id.0.clone(),
+    let client = match client_for(&args.opts).await {
+        Ok(client) => client,
+        Err(code) => return code,
     };
-    let result = call(&args.opts, CALL_TIMEOUT, |mut client| {
-        let request = request.clone();
-        async move { client.release(request).await }
-    })
-    .await;
-    match result {
-        Ok(response) => {
+    match client
+        .release_unguarded(&args.resource, &args.lease_id.0)
+        .await
+    {
+        Ok(released) => {
             let object = Object::new()
-                .with("ok", response.released)
+                .with("ok", released)
                 .with("resource", args.resource.as_str())
-                .with("released", response.released);
-            if response.released {
+                .with("released", released);
+            if released {
                 print_success(&args.opts, &format!("released {}", args.resource), &object);
                 EXIT_OK
             } else {
@@ -245,23 +233,19 @@ pub async fn release(args: ReleaseArgs) -> u8 {
                 EXIT_LOCK
             }
         }
-        Err(failure) => {
+        Err(error) => {
             let context = Object::new().with("resource", args.resource.as_str());
-            report_failure(&args.opts, failure, context)
+            report_client_error(&args.opts, &error, context)
         }
     }
 }
 
 pub async fn get(args: GetArgs) -> u8 {
-    let request = GetRequest {
-        resource: args.resource.clone(),
+    let client = match client_for(&args.opts).await {
+        Ok(client) => client,
+        Err(code) => return code,
     };
-    let result = call(&args.opts, CALL_TIMEOUT, |mut client| {
-        let request = request.clone();
-        async move { client.get(request).await }
-    })
-    .await;
-    match result {
+    match client.get(&args.resource).await {
         Ok(response) => {
             let object = Object::new()
                 .with("ok", true)
@@ -281,23 +265,11 @@ pub async fn get(args: GetArgs) -> u8 {
             print_success(&args.opts, &headline, &object);
             EXIT_OK
         }
-        Err(failure) => {
+        Err(error) => {
             let context = Object::new().with("resource", args.resource.as_str());
-            report_failure(&args.opts, failure, context)
+            report_client_error(&args.opts, &error, context)
         }
     }
-}
-
-/// Why a call failed.
-#[derive(Debug)]
-pub enum Failure {
-    /// The endpoint is not a valid URI.
-    BadEndpoint(String),
-    /// The server's answer, or a transport failure as UNAVAILABLE.
-    Status(tonic::Status),
-    /// No node could be connected to (the last failure): the request was
-    /// never sent, so it cannot have taken effect.
-    NeverSent(tonic::Status),
 }
 
 /// `127.0.0.1:7001` → `http://127.0.0.1:7001`; URLs stay as they are.
@@ -309,137 +281,33 @@ pub fn endpoint_url(endpoint: &str) -> String {
     }
 }
 
-async fn connect(
-    url: &str,
-    timeout: Duration,
-    tls: &fencelock_server::security::PeerTls,
-) -> Result<LockServiceClient<Channel>, Failure> {
-    let endpoint = tls
-        .endpoint(url)
-        .map_err(|e| Failure::BadEndpoint(format!("invalid endpoint {url:?}: {e}")))?
-        .connect_timeout(CONNECT_TIMEOUT)
-        .timeout(timeout);
-    let channel = endpoint.connect().await.map_err(|e| {
-        Failure::Status(tonic::Status::unavailable(format!(
-            "cannot connect to {url}: {}",
-            error_chain(&e)
-        )))
-    })?;
-    Ok(LockServiceClient::new(channel))
+/// A library error as the status the error contract would have sent: the
+/// server's detail where there is one, UNAVAILABLE for "no definitive
+/// answer", INVALID_ARGUMENT for what the library refused itself.
+fn status_of(error: &ClientError) -> tonic::Status {
+    match error {
+        ClientError::Rejected(detail) => detail.to_status(),
+        ClientError::Grpc(status) => (**status).clone(),
+        ClientError::Unavailable { .. } => tonic::Status::unavailable(error.to_string()),
+        ClientError::InvalidConfig(_)
+        | ClientError::InvalidEndpoint { .. }
+        | ClientError::InvalidArgument(_) => tonic::Status::invalid_argument(error.to_string()),
+        ClientError::LeaseEnded { .. } => tonic::Status::failed_precondition(error.to_string()),
+    }
 }
 
-/// An error and its sources, `a: b: c`.
-fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(e) = source {
-        text.push_str(": ");
-        text.push_str(&e.to_string());
-        source = e.source();
+/// Prints `error: REASON: message` to stderr (and, with `--output json`, the
+/// error as JSON on stdout); returns the exit code.
+fn report_client_error(opts: &ClientOpts, error: &ClientError, context: Object) -> u8 {
+    let status = status_of(error);
+    let (reason, message) = describe(&status);
+    eprintln!("error: {reason}: {message}");
+    if opts.output == Output::Json {
+        println!("{}", error_object(&status, context).render());
     }
-    text
-}
-
-/// What to do after a failed attempt.
-#[derive(Debug, PartialEq, Eq)]
-enum Next {
-    /// Send the same request to this leader now.
-    Redirect(String),
-    /// Send the same request again after this delay.
-    Retry(Duration),
-    /// Give up with this error.
-    Fail,
-}
-
-/// The error contract's advice for `status`, given how many redirects and
-/// retries were already spent.
-fn next_step(status: &tonic::Status, hops: u32, retries: u32) -> Next {
-    let detail = ErrorDetail::from_status(status);
-    if let Some(detail) = &detail {
-        if detail.reason() == Reason::NotLeader && hops < MAX_LEADER_HOPS {
-            if let Some(leader) = detail.leader.as_ref().filter(|l| !l.address.is_empty()) {
-                return Next::Redirect(endpoint_url(&leader.address));
-            }
-        }
-    }
-    if status.code() != Code::Unavailable || retries >= MAX_RETRIES {
-        return Next::Fail;
-    }
-    if let Some(detail) = &detail {
-        if detail.retry_hint() == fencelock_api::status::RetryHint::Never {
-            return Next::Fail;
-        }
-    }
-    let backoff = BASE_BACKOFF
-        .saturating_mul(1 << retries.min(16))
-        .min(MAX_BACKOFF);
-    let suggested = detail
-        .as_ref()
-        .map(|d| Duration::from_millis(d.retry_after_ms))
-        .unwrap_or_default();
-    let delay = backoff.max(suggested.min(MAX_BACKOFF));
-    // Up to 50% jitter, so many clients retrying together spread out.
-    let jitter_ms = rand::rng().random_range(0..=delay.as_millis() as u64 / 2);
-    Next::Retry(delay + Duration::from_millis(jitter_ms))
-}
-
-/// Runs `rpc` against the endpoint, following leader hints and retrying
-/// UNAVAILABLE answers. `rpc` must send the same request every time.
-async fn call<T, F, Fut>(opts: &ClientOpts, timeout: Duration, mut rpc: F) -> Result<T, Failure>
-where
-    F: FnMut(LockServiceClient<Channel>) -> Fut,
-    Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
-{
-    let tls = opts.tls.peer_tls().map_err(Failure::BadEndpoint)?;
-    let first = endpoint_url(&opts.endpoint);
-    let mut url = first.clone();
-    let mut hops = 0;
-    let mut retries = 0;
-    let mut sent = false;
-    loop {
-        let mut unreachable = false;
-        let status = match connect(&url, timeout, &tls).await {
-            Ok(client) => {
-                sent = true;
-                match rpc(client).await {
-                    Ok(response) => return Ok(response.into_inner()),
-                    Err(status) => status,
-                }
-            }
-            Err(Failure::Status(status)) => {
-                unreachable = true;
-                status
-            }
-            Err(failure) => return Err(failure),
-        };
-        match next_step(&status, hops, retries) {
-            Next::Redirect(leader) => {
-                hops += 1;
-                if opts.verbose {
-                    eprintln!("note: {url} is not the leader; following the hint to {leader}");
-                }
-                url = leader;
-            }
-            Next::Retry(delay) => {
-                retries += 1;
-                if opts.verbose {
-                    eprintln!(
-                        "note: {} from {url}; retry {retries}/{MAX_RETRIES} in {} ms",
-                        describe(&status).0,
-                        delay.as_millis()
-                    );
-                }
-                if unreachable && url != first {
-                    // The hinted leader is gone (it may be why the hint is
-                    // stale): ask the first node again, which learns the new
-                    // leader from the next election.
-                    url = first.clone();
-                }
-                tokio::time::sleep(delay).await;
-            }
-            Next::Fail if !sent => return Err(Failure::NeverSent(status)),
-            Next::Fail => return Err(Failure::Status(status)),
-        }
+    match error {
+        ClientError::LeaseEnded { .. } => EXIT_LOCK,
+        _ => exit_code(&status),
     }
 }
 
@@ -497,24 +365,6 @@ pub fn exit_code(status: &tonic::Status) -> u8 {
         Code::Unavailable | Code::DeadlineExceeded => EXIT_UNAVAILABLE,
         _ => EXIT_OTHER,
     }
-}
-
-/// Prints `error: REASON: message` to stderr (and, with `--output json`, the
-/// error as JSON on stdout); returns the exit code.
-fn report_failure(opts: &ClientOpts, failure: Failure, context: Object) -> u8 {
-    let status = match failure {
-        Failure::BadEndpoint(message) => {
-            eprintln!("error: {message}");
-            return EXIT_USAGE;
-        }
-        Failure::Status(status) | Failure::NeverSent(status) => status,
-    };
-    let (reason, message) = describe(&status);
-    eprintln!("error: {reason}: {message}");
-    if opts.output == Output::Json {
-        println!("{}", error_object(&status, context).render());
-    }
-    exit_code(&status)
 }
 
 /// The error as a flat JSON object: `context`, then every field of the
@@ -657,57 +507,9 @@ fn civil_from_days(days: u64) -> (u64, u64, u64) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use fencelock_api::v1::LeaderHint;
 
     fn status(detail: ErrorDetail) -> tonic::Status {
         detail.to_status()
-    }
-
-    #[test]
-    fn not_leader_with_a_hint_redirects_until_the_hop_limit() {
-        let s = status(ErrorDetail {
-            leader: Some(LeaderHint {
-                node_id: 2,
-                address: "127.0.0.1:7002".into(),
-            }),
-            ..ErrorDetail::new(Reason::NotLeader, "")
-        });
-        assert_eq!(
-            next_step(&s, 0, 0),
-            Next::Redirect("http://127.0.0.1:7002".into())
-        );
-        // Out of hops: an UNAVAILABLE answer, so retried with backoff.
-        assert!(matches!(next_step(&s, MAX_LEADER_HOPS, 0), Next::Retry(_)));
-        assert_eq!(next_step(&s, MAX_LEADER_HOPS, MAX_RETRIES), Next::Fail);
-    }
-
-    #[test]
-    fn unavailable_is_retried_with_growing_backoff_and_others_are_not() {
-        let busy = status(ErrorDetail::new(Reason::NoQuorum, ""));
-        let Next::Retry(first) = next_step(&busy, 0, 0) else {
-            panic!("retried")
-        };
-        let Next::Retry(third) = next_step(&busy, 0, 2) else {
-            panic!("retried")
-        };
-        assert!(first >= BASE_BACKOFF && first <= BASE_BACKOFF * 3 / 2);
-        assert!(third >= BASE_BACKOFF * 4);
-        assert_eq!(next_step(&busy, 0, MAX_RETRIES), Next::Fail);
-        // A transport failure has no detail and is retried too.
-        assert!(matches!(
-            next_step(&tonic::Status::unavailable("connection refused"), 0, 0),
-            Next::Retry(_)
-        ));
-        for reason in [
-            Reason::LockHeld,
-            Reason::LeaseNotHeld,
-            Reason::InvalidResource,
-        ] {
-            assert_eq!(
-                next_step(&status(ErrorDetail::new(reason, "")), 0, 0),
-                Next::Fail
-            );
-        }
     }
 
     #[test]
@@ -742,6 +544,20 @@ mod tests {
             describe(&s),
             ("UNAVAILABLE".to_owned(), "cannot connect".to_owned())
         );
+        // The library's errors keep their reason and exit code.
+        let held = ClientError::Rejected(Box::new(ErrorDetail::new(Reason::LockHeld, "held")));
+        assert_eq!(describe(&status_of(&held)).0, "LOCK_HELD");
+        assert_eq!(exit_code(&status_of(&held)), EXIT_LOCK);
+        let gone = ClientError::Unavailable {
+            timeout_ms: 10,
+            attempts: 2,
+            last_error: "Unavailable: tcp connect error".into(),
+            request_id: None,
+            sent: false,
+        };
+        assert_eq!(exit_code(&status_of(&gone)), EXIT_UNAVAILABLE);
+        let bad = ClientError::InvalidArgument("wait too long".into());
+        assert_eq!(exit_code(&status_of(&bad)), EXIT_USAGE);
     }
 
     #[test]

@@ -37,6 +37,27 @@ pub const EXIT_UNAVAILABLE: u8 = 3;
 /// Any other failure.
 pub const EXIT_OTHER: u8 = 4;
 
+/// Where the client commands look for the cluster when no endpoint is given.
+pub const DEFAULT_ENDPOINT: &str = "http://127.0.0.1:7001";
+
+/// The endpoints a client command uses: `--endpoints` (or `--endpoint`, or
+/// `$FENCELOCK_ENDPOINTS`, comma-separated; clap reads those), else the
+/// single `$FENCELOCK_ENDPOINT`, else [`DEFAULT_ENDPOINT`].
+pub fn resolve_endpoints(given: &[String]) -> Vec<String> {
+    let given: Vec<String> = given
+        .iter()
+        .map(|e| e.trim().to_owned())
+        .filter(|e| !e.is_empty())
+        .collect();
+    if !given.is_empty() {
+        return given;
+    }
+    match std::env::var("FENCELOCK_ENDPOINT") {
+        Ok(endpoint) if !endpoint.trim().is_empty() => vec![endpoint.trim().to_owned()],
+        _ => vec![DEFAULT_ENDPOINT.to_owned()],
+    }
+}
+
 /// The exit codes, as shown by `--help`.
 pub const EXIT_CODES_HELP: &str = "\
 Exit codes:
@@ -156,14 +177,19 @@ pub enum Output {
 /// Options shared by the client subcommands.
 #[derive(Debug, Args)]
 pub struct ClientOpts {
-    /// The node to ask first. NOT_LEADER answers are followed to the hinted
-    /// leader (at most 5 hops).
+    /// Nodes of the cluster, comma-separated (any of them: the client
+    /// follows leader hints and fails over to the next node, with the
+    /// fencelock-client library's retry rules). Default:
+    /// $FENCELOCK_ENDPOINTS, else $FENCELOCK_ENDPOINT, else
+    /// http://127.0.0.1:7001.
     #[arg(
         long,
-        env = "FENCELOCK_ENDPOINT",
-        default_value = "http://127.0.0.1:7001"
+        alias = "endpoint",
+        env = "FENCELOCK_ENDPOINTS",
+        value_delimiter = ',',
+        value_name = "HOST:PORT,..."
     )]
-    endpoint: String,
+    endpoints: Vec<String>,
     /// Output format.
     #[arg(long, value_enum, default_value_t = Output::Human)]
     output: Output,

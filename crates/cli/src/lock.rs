@@ -49,9 +49,6 @@ const MAX_GRACE_MS: u64 = 600_000;
 /// the caller to react.
 const LOST_RELEASE_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// Where to look for the cluster when no endpoint is given.
-const DEFAULT_ENDPOINT: &str = "http://127.0.0.1:7001";
-
 /// The environment variables the command gets.
 pub const ENV_TOKEN: &str = "FENCELOCK_TOKEN";
 pub const ENV_LEASE_ID: &str = "FENCELOCK_LEASE_ID";
@@ -76,8 +73,9 @@ Exit codes:
   4  any other error before the command ran
   5  the lock was lost while the command ran: it was sent SIGTERM, then
      SIGKILL after --grace-ms
-  126  the command could not be started
-  127  the command was not found
+  126  the command could not be started (not executable; the lock was
+       not taken)
+  127  the command was not found (the lock was not taken)
 With --output json the first and last lines on stdout are fencelock's
 (`\"event\": \"acquired\"` and `\"event\": \"exited\"`), whatever the command
 prints in between.";
@@ -128,24 +126,6 @@ pub struct LockArgs {
     command: Vec<OsString>,
 }
 
-/// The endpoints from the flag or `$FENCELOCK_ENDPOINTS`, else the single
-/// `$FENCELOCK_ENDPOINT` the other client commands use, else the default.
-fn endpoints(args: &LockArgs) -> Vec<String> {
-    let given: Vec<String> = args
-        .endpoints
-        .iter()
-        .map(|e| e.trim().to_owned())
-        .filter(|e| !e.is_empty())
-        .collect();
-    if !given.is_empty() {
-        return given;
-    }
-    match std::env::var("FENCELOCK_ENDPOINT") {
-        Ok(endpoint) if !endpoint.trim().is_empty() => vec![endpoint.trim().to_owned()],
-        _ => vec![DEFAULT_ENDPOINT.to_owned()],
-    }
-}
-
 /// The exit code for a failed acquire (the table in `EXIT_CODES_HELP`).
 fn acquire_exit_code(error: &ClientError) -> u8 {
     match error {
@@ -173,6 +153,17 @@ pub async fn run(args: LockArgs) -> u8 {
     if args.verbose {
         init_verbose_logging();
     }
+    // A command that cannot be run is found out before the lock is taken:
+    // acquiring it only to give it back would still make a grant (a token
+    // spent, a waiter behind it delayed).
+    if let Err((code, message)) = check_runnable(&args.command[0]) {
+        eprintln!(
+            "error: cannot run {:?}: {message}; the lock was not taken",
+            args.command[0]
+        );
+        report_exit(&args, code, None, None, Released::NotTaken);
+        return code;
+    }
     // Before the acquire: a Ctrl-C while waiting in the queue must drop the
     // acquire (which leaves the queue), not kill the process mid-call.
     let mut signals = match ShutdownSignals::new() {
@@ -193,7 +184,7 @@ pub async fn run(args: LockArgs) -> u8 {
         tls,
         ..ClientConfig::default()
     };
-    let client = match Client::connect(endpoints(&args), config).await {
+    let client = match Client::connect(super::resolve_endpoints(&args.endpoints), config).await {
         Ok(client) => client,
         Err(e) => {
             eprintln!("error: {e}");
@@ -280,7 +271,7 @@ pub async fn run(args: LockArgs) -> u8 {
     }
 }
 
-fn init_verbose_logging() {
+pub(crate) fn init_verbose_logging() {
     use tracing_subscriber::EnvFilter;
     let filter = EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| EnvFilter::new("fencelock_client=debug"));
@@ -432,8 +423,46 @@ fn child_exit_code(status: ExitStatus) -> u8 {
     EXIT_OTHER
 }
 
+/// Whether `program` can be started: a path must name an executable file,
+/// a bare name must be one on `$PATH`. The error is the exit code (127 not
+/// found, 126 not executable) and why.
+fn check_runnable(program: &std::ffi::OsStr) -> Result<(), (u8, String)> {
+    use std::path::{Path, PathBuf};
+    fn executable(path: &Path) -> Option<bool> {
+        let meta = std::fs::metadata(path).ok()?;
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            Some(meta.is_file() && meta.permissions().mode() & 0o111 != 0)
+        }
+        #[cfg(not(unix))]
+        Some(meta.is_file())
+    }
+    let path = Path::new(program);
+    if path.components().count() > 1 || program.to_string_lossy().contains('/') {
+        return match executable(path) {
+            None => Err((EXIT_NOT_FOUND, "no such file".to_owned())),
+            Some(false) => Err((EXIT_CANNOT_RUN, "not an executable file".to_owned())),
+            Some(true) => Ok(()),
+        };
+    }
+    let dirs: Vec<PathBuf> = std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).collect())
+        .unwrap_or_default();
+    if dirs
+        .iter()
+        .any(|dir| executable(&dir.join(program)) == Some(true))
+    {
+        Ok(())
+    } else {
+        Err((EXIT_NOT_FOUND, "not found on $PATH".to_owned()))
+    }
+}
+
 /// What came of the release after the command ended.
 enum Released {
+    /// The command could not be run, so the lock was never taken.
+    NotTaken,
     Yes,
     /// The lease no longer held the lock (it had been lost or expired).
     NotHeld,
@@ -548,7 +577,7 @@ fn report_exit(
                         "fencelock: {} was no longer held by this lease",
                         args.resource
                     ),
-                    Released::Failed(_) => {}
+                    Released::Failed(_) | Released::NotTaken => {}
                 }
             }
         }

@@ -278,23 +278,38 @@ async fn json_output_frames_the_commands_output_with_acquired_and_exited() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_missing_command_exits_127_and_releases_the_lock() {
+async fn a_missing_command_exits_127_before_the_lock_is_taken() {
     let cluster = Cluster::start(3, |_| {}).await;
     let endpoints = endpoints(&cluster);
     let r = "acme/cli/missing";
-    let output = fencelock(&[
-        "lock",
-        r,
-        "--endpoints",
-        &endpoints,
-        "--",
-        "/nonexistent/fencelock-test-command",
-    ])
-    .output()
-    .await
-    .unwrap();
-    assert_eq!(output.status.code(), Some(127));
-    assert!(!get(&cluster, 1, r).await.unwrap().held);
+    // A file that exists but is not executable.
+    let dir = tempfile::tempdir().unwrap();
+    let plain = dir.path().join("not-executable");
+    std::fs::write(&plain, "#!/bin/sh\n").unwrap();
+    let plain = plain.to_str().unwrap();
+    for (command, code) in [
+        ("/nonexistent/fencelock-test-command", 127),
+        ("fencelock-test-command-not-on-path", 127),
+        (plain, 126),
+    ] {
+        let output = fencelock(&["lock", r, "--endpoints", &endpoints, "--", command])
+            .output()
+            .await
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(code), "{command}: {stderr}");
+        assert!(
+            stderr.contains("the lock was not taken"),
+            "{command}: {stderr}"
+        );
+    }
+    // Issue 24 item 10: checked before the acquire, so never granted at all.
+    let state = get(&cluster, 1, r).await.unwrap();
+    assert!(!state.held);
+    assert_eq!(
+        state.last_token, 0,
+        "a grant was made for a command that cannot run"
+    );
 }
 
 /// Issue 24 item 7: a request that never got a connection cannot have been
@@ -323,4 +338,57 @@ async fn an_acquire_that_never_reached_a_node_does_not_say_it_may_have_been_gran
         );
         assert!(stderr.contains("error:"), "{args:?}: {stderr}");
     }
+}
+
+/// Issue 24 item 6: every client command takes `--endpoints a,b,c` (and
+/// `$FENCELOCK_ENDPOINTS`) and fails over past a node that is down, as
+/// `etcdctl --endpoints` does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn every_command_takes_a_list_of_endpoints_and_fails_over_past_a_dead_node() {
+    let cluster = Cluster::start(3, |_| {}).await;
+    let dead = format!("127.0.0.1:{}", common::free_port());
+    let list = format!("{dead},{}", endpoints(&cluster));
+    let r = "acme/cli/endpoints";
+
+    let out = fencelock(&["acquire", r, "--output", "json", "--endpoints", &list])
+        .output()
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{stdout} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let granted: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
+    let lease_id = granted["lease_id"].as_str().unwrap().to_owned();
+
+    // The same list from the environment.
+    for args in [
+        vec!["get", r],
+        vec!["renew", r, &lease_id],
+        vec!["admin", "nodes"],
+        vec!["release", r, &lease_id],
+    ] {
+        let out = fencelock(&args)
+            .env("FENCELOCK_ENDPOINTS", &list)
+            .output()
+            .await
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{args:?}: {} {}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    assert!(!get(&cluster, 1, r).await.unwrap().held);
+
+    // Only dead nodes: unavailable, and the admin action says nothing was done.
+    let out = fencelock(&["admin", "nodes", "--endpoints", &dead])
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(out.status.code(), Some(3));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("nothing was done"));
 }
