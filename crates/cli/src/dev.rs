@@ -3,8 +3,15 @@
 //! Writes `nodeN.toml` for every node under `--dir` (each with its own data
 //! directory `nodeN/`), starts one child process per node from this very
 //! executable, prefixes their output with `[nodeN]`, and on Ctrl-C or
-//! SIGTERM asks every child to stop (SIGTERM), then waits. A child that dies
-//! on its own is reported; the others keep running.
+//! SIGTERM asks every child to stop (SIGTERM), then waits. A child that
+//! fails on its own is restarted after a back-off ([`RESTART_FIRST_DELAY`]
+//! doubling to [`RESTART_MAX_DELAY`]), at most [`MAX_RESTARTS_IN_A_ROW`]
+//! times without [`RESTART_STREAK_RESET`] of running in between; one that
+//! exits cleanly (status 0: someone else stopped it) is reported as clean
+//! and left stopped. The others keep running either way.
+//!
+//! With `--tls` the cluster uses mutual TLS: a development CA and
+//! certificates are made once in `DIR/certs` and the configs point at them.
 //!
 //! Data is kept between runs, so a restarted dev cluster has its locks back.
 //! The directory records the cluster's shape; starting a different shape on
@@ -26,6 +33,19 @@ use super::{ShutdownSignals, EXIT_OK, EXIT_OTHER, EXIT_USAGE};
 /// more than a node's default graceful drain (`shutdown.drain_timeout_ms`,
 /// 20 s), so a clean stop is never cut short.
 const STOP_GRACE: Duration = Duration::from_secs(30);
+/// The wait before the first restart of a failed node; doubles per failure
+/// in a row, up to [`RESTART_MAX_DELAY`].
+const RESTART_FIRST_DELAY: Duration = Duration::from_secs(1);
+const RESTART_MAX_DELAY: Duration = Duration::from_secs(30);
+/// Failures in a row after which a node is left stopped (it fails at start:
+/// its log says why, and restarting it again would only repeat that).
+const MAX_RESTARTS_IN_A_ROW: u32 = 5;
+/// A node that ran this long before it failed starts a new streak.
+const RESTART_STREAK_RESET: Duration = Duration::from_secs(60);
+/// Where `--tls` keeps the development CA and certificates, under `--dir`.
+const CERTS_DIR: &str = "certs";
+/// The tenant and name of the client certificate `--tls` makes.
+const TLS_CLIENT_TENANT: &str = "demo";
 /// The file that marks a directory as made by `fencelock dev`; it holds the
 /// cluster's shape.
 const MARKER_FILE: &str = ".fencelock-dev";
@@ -51,6 +71,11 @@ pub struct DevArgs {
     /// admin-base-port + N - 1. 0 turns the admin ports off.
     #[arg(long, default_value_t = 9101)]
     admin_base_port: u16,
+    /// Run with mutual TLS: makes a development CA and node, client (tenant
+    /// `demo`) and admin certificates in DIR/certs once (kept between runs)
+    /// and configs that use them. The clients' flags are printed at start.
+    #[arg(long)]
+    tls: bool,
     #[command(subcommand)]
     action: Option<DevAction>,
 }
@@ -155,11 +180,21 @@ fn addresses(nodes: u64, base_port: u16) -> Result<BTreeMap<u64, String>, String
 
 /// The TOML config of node `id`. Its data directory is relative, so the dev
 /// directory can be moved as a whole.
-fn config_text(id: u64, peers: &BTreeMap<u64, String>, shards: u32, admin: Option<&str>) -> String {
+fn config_text(
+    id: u64,
+    peers: &BTreeMap<u64, String>,
+    shards: u32,
+    admin: Option<&str>,
+    tls: bool,
+) -> String {
     let quote = |s: &str| toml::Value::String(s.to_owned()).to_string();
     let mut text = String::from(
-        "# Written by `fencelock dev` and rewritten on every start: edit\n\
-         # deploy/dev/*.toml or pass flags to `fencelock dev` instead.\n",
+        "# Written by `fencelock dev` and rewritten on every start, so edits\n\
+         # here are lost: change the cluster with `fencelock dev` flags\n\
+         # (--nodes, --shards, --base-port, --admin-base-port, --tls; see\n\
+         # `fencelock dev --help`). Every other key has its default; they are\n\
+         # listed in docs/configuration.md. For a cluster of your own, start\n\
+         # from deploy/dev/node1.toml and run `fencelock serve --config FILE`.\n",
     );
     text.push_str(&format!("node_id = {id}\n"));
     text.push_str(&format!("listen_addr = {}\n", quote(&peers[&id])));
@@ -176,17 +211,85 @@ fn config_text(id: u64, peers: &BTreeMap<u64, String>, shards: u32, admin: Optio
         text.push_str(&format!("  {{ id = {peer}, addr = {} }},\n", quote(addr)));
     }
     text.push_str("]\n");
-    text.push_str(
-        "\n# A local dev cluster: no TLS, every caller may do everything.\n\
-         # See docs/security.md for a TLS setup (`fencelock dev certs`).\n\
-         [tls]\ninsecure = true\n",
-    );
+    if tls {
+        text.push_str(&format!(
+            "\n# Mutual TLS with the development CA of `fencelock dev --tls`\n\
+             # (docs/security.md). Relative to this file's directory.\n\
+             [tls]\nca_file = {}\ncert_file = {}\nkey_file = {}\n",
+            quote(&format!("{CERTS_DIR}/ca.crt")),
+            quote(&format!("{CERTS_DIR}/node-{id}.crt")),
+            quote(&format!("{CERTS_DIR}/node-{id}.key")),
+        ));
+    } else {
+        text.push_str(
+            "\n# A local dev cluster: no TLS, every caller may do everything.\n\
+             # `fencelock dev --tls` runs it with mutual TLS (docs/security.md).\n\
+             [tls]\ninsecure = true\n",
+        );
+    }
     text
+}
+
+/// The files of `--tls` in `dir/certs`: made once, again only when one is
+/// missing (for example a node was added). Returns the CA, client and
+/// admin certificate paths the clients use.
+fn ensure_certs(dir: &Path, nodes: u64) -> Result<DevTls, String> {
+    use fencelock_server::security::certs::{DevCerts, DevCertsSpec};
+    let certs = dir.join(CERTS_DIR);
+    let tls = DevTls {
+        ca: certs.join("ca.crt"),
+        client: certs.join(format!("client-{TLS_CLIENT_TENANT}-client")),
+        admin: certs.join("admin-admin"),
+    };
+    let needed = (1..=nodes)
+        .flat_map(|id| ["crt", "key"].map(|ext| certs.join(format!("node-{id}.{ext}"))))
+        .chain([tls.ca.clone()])
+        .chain(["crt", "key"].map(|ext| tls.client.with_extension(ext)))
+        .chain(["crt", "key"].map(|ext| tls.admin.with_extension(ext)));
+    if needed.into_iter().all(|path| path.is_file()) {
+        return Ok(tls);
+    }
+    let spec = DevCertsSpec {
+        nodes,
+        hosts: vec!["localhost".to_owned(), "127.0.0.1".to_owned()],
+        tenants: vec![(TLS_CLIENT_TENANT.to_owned(), "client".to_owned())],
+        admins: vec!["admin".to_owned()],
+    };
+    DevCerts::generate(&spec)
+        .and_then(|set| set.write(&certs))
+        .map_err(|e| {
+            format!(
+                "cannot make the development certificates in {}: {e}",
+                certs.display()
+            )
+        })?;
+    Ok(tls)
+}
+
+/// The certificates clients of a `--tls` dev cluster use (the client and
+/// admin paths without their `.crt` / `.key` extension).
+#[derive(Clone, Debug)]
+struct DevTls {
+    ca: PathBuf,
+    client: PathBuf,
+    admin: PathBuf,
+}
+
+impl DevTls {
+    /// The flags a client command needs, for the start-up message.
+    fn flags(&self, identity: &Path) -> String {
+        format!(
+            "--ca-file {} --cert-file {} --key-file {}",
+            self.ca.display(),
+            identity.with_extension("crt").display(),
+            identity.with_extension("key").display()
+        )
+    }
 }
 
 /// Prepares `--dir`: checks it is ours, applies `--fresh`, checks the old
 /// data matches the shape, and writes the configs. Returns the nodes.
-fn prepare(args: &DevArgs) -> Result<(PathBuf, Vec<DevNode>), String> {
+fn prepare(args: &DevArgs) -> Result<(PathBuf, Vec<DevNode>, Option<DevTls>), String> {
     let peers = addresses(args.nodes, args.base_port)?;
     let admins = match args.admin_base_port {
         0 => BTreeMap::new(),
@@ -229,6 +332,11 @@ fn prepare(args: &DevArgs) -> Result<(PathBuf, Vec<DevNode>), String> {
     }
     std::fs::write(&marker, shape(args))
         .map_err(|e| format!("cannot write {}: {e}", marker.display()))?;
+    let tls = if args.tls {
+        Some(ensure_certs(&dir, args.nodes)?)
+    } else {
+        None
+    };
 
     let mut nodes = Vec::new();
     for (&id, addr) in &peers {
@@ -237,8 +345,11 @@ fn prepare(args: &DevArgs) -> Result<(PathBuf, Vec<DevNode>), String> {
         restrict_dir(&dir.join(format!("node{id}")))?;
         let config_path = dir.join(format!("node{id}.toml"));
         let admin = admins.get(&id).map(String::as_str);
-        std::fs::write(&config_path, config_text(id, &peers, args.shards, admin))
-            .map_err(|e| format!("cannot write {}: {e}", config_path.display()))?;
+        std::fs::write(
+            &config_path,
+            config_text(id, &peers, args.shards, admin, args.tls),
+        )
+        .map_err(|e| format!("cannot write {}: {e}", config_path.display()))?;
         // The children would refuse a bad config; find out here, once.
         NodeConfig::load(&config_path)
             .map_err(|e| format!("generated config {}: {e}", config_path.display()))?;
@@ -249,7 +360,7 @@ fn prepare(args: &DevArgs) -> Result<(PathBuf, Vec<DevNode>), String> {
             config_path,
         });
     }
-    Ok((dir, nodes))
+    Ok((dir, nodes, tls))
 }
 
 /// Makes an existing directory private (0700), as a node requires of its
@@ -375,11 +486,26 @@ fn describe_exit(status: &std::io::Result<ExitStatus>) -> String {
     }
 }
 
+/// The restart bookkeeping of one node.
+#[derive(Debug, Default)]
+struct Restarts {
+    /// Failures since it last ran for [`RESTART_STREAK_RESET`].
+    in_a_row: u32,
+}
+
+/// The wait before restart number `in_a_row` (1 = the first) of a node.
+fn restart_delay(in_a_row: u32) -> Duration {
+    let doublings = in_a_row.saturating_sub(1).min(16);
+    RESTART_FIRST_DELAY
+        .saturating_mul(1 << doublings)
+        .min(RESTART_MAX_DELAY)
+}
+
 pub async fn run(args: DevArgs) -> u8 {
     if let Some(DevAction::Certs(certs_args)) = &args.action {
         return certs(certs_args);
     }
-    let (dir, nodes) = match prepare(&args) {
+    let (dir, nodes, tls) = match prepare(&args) {
         Ok(plan) => plan,
         Err(message) => {
             eprintln!("error: {message}");
@@ -406,12 +532,14 @@ pub async fn run(args: DevArgs) -> u8 {
     };
 
     let (exit_tx, mut exit_rx) = tokio::sync::mpsc::unbounded_channel();
-    let mut live: BTreeMap<u64, u32> = BTreeMap::new();
+    let by_id: BTreeMap<u64, &DevNode> = nodes.iter().map(|n| (n.id, n)).collect();
+    // Running nodes: pid and start time.
+    let mut live: BTreeMap<u64, (u32, tokio::time::Instant)> = BTreeMap::new();
     let mut failed = false;
     for node in &nodes {
         match spawn_node(&exe, node, exit_tx.clone()) {
             Ok(pid) => {
-                live.insert(node.id, pid);
+                live.insert(node.id, (pid, tokio::time::Instant::now()));
             }
             Err(e) => {
                 eprintln!("error: cannot start node {}: {e}", node.id);
@@ -420,32 +548,51 @@ pub async fn run(args: DevArgs) -> u8 {
             }
         }
     }
-    drop(exit_tx);
 
     if !failed {
+        let scheme = if tls.is_some() { "https" } else { "http" };
         println!(
-            "fencelock dev: {} nodes, {} shards, configs and data in {}",
+            "fencelock dev: {} nodes, {} shards, {}, configs and data in {}",
             nodes.len(),
             args.shards,
+            if tls.is_some() {
+                "mutual TLS"
+            } else {
+                "no TLS"
+            },
             dir.display()
         );
         for node in &nodes {
             println!(
-                "  node {}  http://{}  pid {}  {}",
+                "  node {}  {scheme}://{}  pid {}  {}",
                 node.id,
                 node.addr,
-                live[&node.id],
+                live[&node.id].0,
                 node.config_path.display()
             );
             if let Some(admin) = &node.admin {
-                println!("          status page http://{admin}/  metrics http://{admin}/metrics");
+                println!(
+                    "          status page {scheme}://{admin}/  metrics {scheme}://{admin}/metrics"
+                );
             }
         }
+        let client_flags = tls
+            .as_ref()
+            .map(|t| format!(" {}", t.flags(&t.client)))
+            .unwrap_or_default();
         println!(
-            "try:  {} acquire demo/hello --ttl-ms 30000 --endpoint http://{}",
+            "try:  {} acquire {TLS_CLIENT_TENANT}/hello --ttl-ms 30000 --endpoint {}{client_flags}",
             exe.display(),
             nodes[0].addr
         );
+        if let Some(t) = &tls {
+            println!(
+                "admin: {} admin nodes --endpoint {} {}",
+                exe.display(),
+                nodes[0].addr,
+                t.flags(&t.admin)
+            );
+        }
         println!(
             "Ctrl-C stops the cluster; its data is kept for the next start (--fresh deletes it)."
         );
@@ -456,30 +603,44 @@ pub async fn run(args: DevArgs) -> u8 {
     let mut stop_deadline: Option<tokio::time::Instant> = None;
     let mut killed = false;
     if failed {
-        for &pid in live.values() {
+        for &(pid, _) in live.values() {
             send_signal(pid, "TERM");
         }
         stop_deadline = Some(tokio::time::Instant::now() + STOP_GRACE);
     }
-    let mut died = false;
-    while !live.is_empty() {
+    let mut restarts: BTreeMap<u64, Restarts> = BTreeMap::new();
+    // Failed nodes waiting for their restart, and when it is due.
+    let mut pending: BTreeMap<u64, tokio::time::Instant> = BTreeMap::new();
+    let mut gave_up = false;
+    while !live.is_empty() || !pending.is_empty() {
         let grace = async {
             match stop_deadline {
                 Some(deadline) if !killed => tokio::time::sleep_until(deadline).await,
                 _ => std::future::pending().await,
             }
         };
+        let next_restart = pending
+            .iter()
+            .min_by_key(|(_, at)| **at)
+            .map(|(id, at)| (*id, *at));
+        let restart_due = async {
+            match next_restart {
+                Some((_, at)) => tokio::time::sleep_until(at).await,
+                None => std::future::pending().await,
+            }
+        };
         tokio::select! {
             signal = signals.recv() => {
                 if stop_deadline.is_none() {
                     eprintln!("fencelock dev: {signal}: stopping {} nodes", live.len());
-                    for &pid in live.values() {
+                    pending.clear();
+                    for &(pid, _) in live.values() {
                         send_signal(pid, "TERM");
                     }
                     stop_deadline = Some(tokio::time::Instant::now() + STOP_GRACE);
                 } else {
                     eprintln!("fencelock dev: {signal} again: killing {} nodes", live.len());
-                    for &pid in live.values() {
+                    for &(pid, _) in live.values() {
                         send_signal(pid, "KILL");
                     }
                     killed = true;
@@ -490,17 +651,60 @@ pub async fn run(args: DevArgs) -> u8 {
                     // Every waiter thread is gone; nothing more to wait for.
                     break;
                 };
-                live.remove(&id);
-                if stop_deadline.is_none() {
-                    died = true;
+                let Some((_, started_at)) = live.remove(&id) else { continue };
+                if stop_deadline.is_some() {
+                    eprintln!("fencelock dev: node {id} stopped: {}", describe_exit(&status));
+                } else if status.as_ref().is_ok_and(ExitStatus::success) {
+                    // A node exits 0 only when asked to stop (SIGTERM from
+                    // someone else): that is not a failure to repair.
                     eprintln!(
-                        "fencelock dev: node {id} exited unexpectedly: {}; {} nodes still running \
-                         (its log is above; Ctrl-C stops the rest)",
+                        "fencelock dev: node {id} exited cleanly ({}), so it is left stopped; \
+                         {} nodes still running (restart `fencelock dev` to bring it back)",
                         describe_exit(&status),
                         live.len()
                     );
                 } else {
-                    eprintln!("fencelock dev: node {id} stopped: {}", describe_exit(&status));
+                    let record = restarts.entry(id).or_default();
+                    if started_at.elapsed() >= RESTART_STREAK_RESET {
+                        record.in_a_row = 0;
+                    }
+                    record.in_a_row += 1;
+                    if record.in_a_row > MAX_RESTARTS_IN_A_ROW {
+                        gave_up = true;
+                        eprintln!(
+                            "fencelock dev: node {id} exited unexpectedly: {}; it failed {} times \
+                             in a row, so it is left stopped (its log is above; {} nodes still \
+                             running, Ctrl-C stops them)",
+                            describe_exit(&status),
+                            record.in_a_row,
+                            live.len()
+                        );
+                    } else {
+                        let delay = restart_delay(record.in_a_row);
+                        eprintln!(
+                            "fencelock dev: node {id} exited unexpectedly: {}; restarting it in \
+                             {} s (restart {} of at most {MAX_RESTARTS_IN_A_ROW} in a row; its \
+                             log is above)",
+                            describe_exit(&status),
+                            delay.as_secs(),
+                            record.in_a_row
+                        );
+                        pending.insert(id, tokio::time::Instant::now() + delay);
+                    }
+                }
+            }
+            () = restart_due => {
+                let Some((id, _)) = next_restart else { continue };
+                pending.remove(&id);
+                match spawn_node(&exe, by_id[&id], exit_tx.clone()) {
+                    Ok(pid) => {
+                        eprintln!("fencelock dev: restarted node {id} (pid {pid})");
+                        live.insert(id, (pid, tokio::time::Instant::now()));
+                    }
+                    Err(e) => {
+                        gave_up = true;
+                        eprintln!("fencelock dev: cannot restart node {id}: {e}; it is left stopped");
+                    }
                 }
             }
             () = grace => {
@@ -509,14 +713,14 @@ pub async fn run(args: DevArgs) -> u8 {
                     live.len(),
                     STOP_GRACE.as_secs()
                 );
-                for &pid in live.values() {
+                for &(pid, _) in live.values() {
                     send_signal(pid, "KILL");
                 }
                 killed = true;
             }
         }
     }
-    if failed || died || killed {
+    if failed || gave_up || killed {
         EXIT_OTHER
     } else {
         EXIT_OK
@@ -535,8 +739,44 @@ mod tests {
             shards: 4,
             fresh,
             admin_base_port: 0,
+            tls: false,
             action: None,
         }
+    }
+
+    #[test]
+    fn a_failing_node_is_restarted_after_a_doubling_bounded_delay() {
+        assert_eq!(restart_delay(1), RESTART_FIRST_DELAY);
+        assert_eq!(restart_delay(2), RESTART_FIRST_DELAY * 2);
+        assert_eq!(restart_delay(3), RESTART_FIRST_DELAY * 4);
+        assert_eq!(restart_delay(40), RESTART_MAX_DELAY);
+        assert!(restart_delay(MAX_RESTARTS_IN_A_ROW) <= RESTART_MAX_DELAY);
+    }
+
+    #[test]
+    fn tls_configs_use_the_certificates_made_once_in_the_dev_directory() {
+        let tmp = tempfile::tempdir().unwrap();
+        let tls = ensure_certs(tmp.path(), 3).unwrap();
+        let ca = std::fs::read(&tls.ca).unwrap();
+        for id in 1..=3 {
+            assert!(tmp.path().join(format!("certs/node-{id}.key")).is_file());
+        }
+        assert!(tls.client.with_extension("key").is_file());
+        assert!(tls.admin.with_extension("crt").is_file());
+        // Kept between runs: the same CA, so clients' files stay valid.
+        ensure_certs(tmp.path(), 3).unwrap();
+        assert_eq!(std::fs::read(&tls.ca).unwrap(), ca);
+        // A node more needs its certificate: all are made anew.
+        ensure_certs(tmp.path(), 4).unwrap();
+        assert!(tmp.path().join("certs/node-4.crt").is_file());
+
+        let peers = addresses(3, 7001).unwrap();
+        let config = NodeConfig::from_toml_str(&config_text(2, &peers, 8, None, true)).unwrap();
+        assert!(!config.tls.insecure);
+        assert_eq!(
+            config.tls.cert_file.as_deref(),
+            Some(Path::new("certs/node-2.crt"))
+        );
     }
 
     #[test]
@@ -545,8 +785,9 @@ mod tests {
             let peers = addresses(nodes, 7001).unwrap();
             for id in 1..=nodes {
                 let admin = format!("127.0.0.1:{}", 9100 + id);
-                let config = NodeConfig::from_toml_str(&config_text(id, &peers, 8, Some(&admin)))
-                    .unwrap_or_else(|e| panic!("{nodes} nodes, node {id}: {e}"));
+                let config =
+                    NodeConfig::from_toml_str(&config_text(id, &peers, 8, Some(&admin), false))
+                        .unwrap_or_else(|e| panic!("{nodes} nodes, node {id}: {e}"));
                 assert_eq!(config.node_id, id);
                 assert_eq!(config.peer_map(), peers);
                 assert_eq!(config.shard_count, 8);
@@ -560,7 +801,7 @@ mod tests {
     fn prepare_writes_configs_with_separate_data_dirs() {
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path().join("dev");
-        let (root, nodes) = prepare(&args(&dir, 3, false)).unwrap();
+        let (root, nodes, _) = prepare(&args(&dir, 3, false)).unwrap();
         assert_eq!(nodes.len(), 3);
         let mut data_dirs = Vec::new();
         for node in &nodes {

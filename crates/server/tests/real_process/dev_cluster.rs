@@ -161,3 +161,210 @@ fn make_install_puts_fencelock_on_the_path_and_the_readme_calls_it_by_name() {
         "README calls fencelock by a build-directory path"
     );
 }
+
+/// What a `fencelock dev` process printed so far (stdout and stderr).
+#[derive(Clone, Default)]
+struct Printed(std::sync::Arc<std::sync::Mutex<Vec<String>>>);
+
+impl Printed {
+    fn follow(&self, stream: impl std::io::Read + Send + 'static) {
+        let lines = self.0.clone();
+        std::thread::spawn(move || {
+            use std::io::BufRead as _;
+            for line in std::io::BufReader::new(stream)
+                .lines()
+                .map_while(Result::ok)
+            {
+                lines.lock().unwrap().push(line);
+            }
+        });
+    }
+
+    /// The first line containing every one of `parts`, waiting up to 60 s.
+    fn wait_for(&self, parts: &[&str]) -> String {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Some(line) = self.find(parts) {
+                return line;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no line with {parts:?} in:\n{}",
+                self.0.lock().unwrap().join("\n")
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    fn find(&self, parts: &[&str]) -> Option<String> {
+        let lines = self.0.lock().unwrap();
+        lines
+            .iter()
+            .find(|l| parts.iter().all(|p| l.contains(p)))
+            .cloned()
+    }
+}
+
+/// Sends SIGTERM to a `fencelock dev` when the test ends, however it ends,
+/// so a failed test leaves no cluster running (dev stops its nodes).
+struct StopOnDrop(u32);
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.0.to_string()])
+            .status();
+    }
+}
+
+/// The pid `fencelock dev` printed for node `id` ("  node 2  http://...  pid N ...").
+fn pid_of(printed: &Printed, id: u64) -> String {
+    let line = printed.wait_for(&[&format!("  node {id}  "), " pid "]);
+    let words: Vec<&str> = line.split_whitespace().collect();
+    let at = words.iter().position(|w| *w == "pid").unwrap();
+    words[at + 1].to_owned()
+}
+
+/// Issue 24 item 10: a node that dies is restarted after a back-off, one
+/// that exits cleanly is reported as clean and left stopped, and a stop of
+/// the whole cluster after that is a clean exit.
+#[test]
+fn dev_restarts_a_node_that_died_and_leaves_a_cleanly_stopped_one_alone() {
+    let bin = &common::fencelock_bin();
+    let dir = tempfile::tempdir().unwrap();
+    let base = common::free_ports(3);
+    let mut dev = Command::new(bin)
+        .args([
+            "dev",
+            "--nodes",
+            "3",
+            "--shards",
+            "2",
+            "--admin-base-port",
+            "0",
+        ])
+        .args(["--base-port", &base.to_string(), "--dir"])
+        .arg(dir.path().join("cluster"))
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let _stop = StopOnDrop(dev.id());
+    let printed = Printed::default();
+    printed.follow(dev.stdout.take().unwrap());
+    printed.follow(dev.stderr.take().unwrap());
+    let kill = |signal: &str, pid: &str| {
+        assert!(Command::new("kill")
+            .args([signal, pid])
+            .status()
+            .unwrap()
+            .success());
+    };
+
+    // kill -9: restarted, and its port serves again.
+    let pid2 = pid_of(&printed, 2);
+    kill("-KILL", &pid2);
+    printed.wait_for(&[
+        "node 2 exited unexpectedly",
+        "restarting it in 1 s",
+        "restart 1 of",
+    ]);
+    let restarted = printed.wait_for(&["restarted node 2 (pid "]);
+    assert!(!restarted.contains(&format!("(pid {pid2})")), "{restarted}");
+    let node2 = format!("127.0.0.1:{}", base + 1);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while std::net::TcpStream::connect(&node2).is_err() {
+        assert!(Instant::now() < deadline, "node 2 does not listen again");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+
+    // SIGTERM from someone else: a clean stop, not restarted.
+    kill("-TERM", &pid_of(&printed, 3));
+    printed.wait_for(&["node 3 exited cleanly", "left stopped"]);
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(
+        printed.find(&["restarted node 3"]).is_none(),
+        "a cleanly stopped node was restarted"
+    );
+
+    // The cluster's own stop: every node stops, and so does dev, cleanly.
+    kill("-TERM", &dev.id().to_string());
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        if let Some(status) = dev.try_wait().unwrap() {
+            break status;
+        }
+        assert!(Instant::now() < deadline, "fencelock dev did not stop");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(
+        status.success(),
+        "{status}: {}",
+        printed.0.lock().unwrap().join("\n")
+    );
+}
+
+/// Issue 24 item 10: `fencelock dev --tls` makes the certificates and
+/// configs for mutual TLS, and prints the flags a client needs.
+#[test]
+fn dev_tls_runs_a_mutual_tls_cluster_that_refuses_plaintext_clients() {
+    let bin = &common::fencelock_bin();
+    let dir = tempfile::tempdir().unwrap();
+    let base = common::free_ports(3);
+    let mut dev = Command::new(bin)
+        .args([
+            "dev",
+            "--tls",
+            "--nodes",
+            "3",
+            "--shards",
+            "2",
+            "--admin-base-port",
+            "0",
+        ])
+        .args(["--base-port", &base.to_string(), "--dir"])
+        .arg(dir.path().join("cluster"))
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let _stop = StopOnDrop(dev.id());
+    let printed = Printed::default();
+    printed.follow(dev.stdout.take().unwrap());
+    printed.follow(dev.stderr.take().unwrap());
+    printed.wait_for(&["mutual TLS"]);
+    let try_line = printed.wait_for(&["try:", "--ca-file"]);
+    // The printed command, as a user would paste it.
+    let words: Vec<String> = try_line
+        .split_whitespace()
+        .skip(2) // "try:" and the binary
+        .map(str::to_owned)
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let out = Command::new(bin).args(&words).output().unwrap();
+        if out.status.success() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the printed acquire never worked: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    // Without the client's certificate the node refuses.
+    let endpoint = format!("127.0.0.1:{base}");
+    let plain = Command::new(bin)
+        .args(["get", "demo/hello", "--endpoint", &endpoint])
+        .env_remove("FENCELOCK_TLS_CA_FILE")
+        .output()
+        .unwrap();
+    assert!(!plain.status.success());
+    let _ = Command::new("kill")
+        .args(["-TERM", &dev.id().to_string()])
+        .status();
+    let _ = dev.wait();
+}
