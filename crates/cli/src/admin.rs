@@ -180,7 +180,7 @@ fn name_of(name: &str, prefix: &str) -> String {
 async fn connect_first(
     endpoints: &[String],
     tls: &fencelock_server::security::PeerTls,
-) -> Result<tonic::transport::Channel, u8> {
+) -> Result<(tonic::transport::Channel, String), u8> {
     let mut refused = Vec::new();
     for endpoint in endpoints {
         let url = endpoint_url(endpoint);
@@ -194,7 +194,7 @@ async fn connect_first(
             }
         };
         match endpoint.connect().await {
-            Ok(channel) => return Ok(channel),
+            Ok(channel) => return Ok((channel, url)),
             Err(e) => refused.push(format!("{url}: {}", error_chain(&e))),
         }
     }
@@ -226,9 +226,12 @@ pub async fn run(args: AdminArgs) -> u8 {
         }
     };
     let endpoints = super::resolve_endpoints(&args.endpoints);
-    let channel = match connect_first(&endpoints, &tls).await {
-        Ok(channel) => channel,
-        Err(code) => return code,
+    let (channel, url) = match connect_first(&endpoints, &tls).await {
+        Ok(connected) => connected,
+        Err(code) => {
+            super::diagnose::explain(&endpoints, args.tls.given()).await;
+            return code;
+        }
     };
     let mut admin = AdminServiceClient::new(channel);
     let result = match args.command {
@@ -481,6 +484,17 @@ pub async fn run(args: AdminArgs) -> u8 {
             EXIT_OK
         }
         Err(status) => {
+            // A TLS mismatch fails the call before it reaches the service:
+            // nothing was done, whatever the transport's words suggest.
+            if fencelock_api::v1::ErrorDetail::from_status(&status).is_none() {
+                use super::diagnose::{hint, probe, Finding};
+                let finding = probe(&url, args.tls.given()).await;
+                if matches!(finding, Finding::ExpectsTls | Finding::SpeaksPlaintext) {
+                    let text = hint(finding, &url).unwrap_or_default();
+                    eprintln!("error: UNAVAILABLE: {text}; nothing was done");
+                    return EXIT_UNAVAILABLE;
+                }
+            }
             let status = without_answer_is_unknown(status);
             let detail = fencelock_api::v1::ErrorDetail::from_status(&status);
             let reason = detail

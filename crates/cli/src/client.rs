@@ -12,6 +12,7 @@ use fencelock_api::v1::{ErrorDetail, LeaseState, Reason, RetryPolicy};
 use fencelock_client::{AcquireOptions, Client, ClientConfig, ClientError, RequestId};
 use tonic::Code;
 
+use super::diagnose::Diagnosis;
 use super::json::{Object, Value};
 use super::{ClientOpts, Output, EXIT_LOCK, EXIT_OK, EXIT_OTHER, EXIT_UNAVAILABLE, EXIT_USAGE};
 
@@ -111,9 +112,10 @@ async fn client_for(opts: &ClientOpts) -> Result<Client, u8> {
         tls,
         ..ClientConfig::default()
     };
-    Client::connect(super::resolve_endpoints(&opts.endpoints), config)
-        .await
-        .map_err(|e| report_client_error(opts, &e, Object::new()))
+    match Client::connect(super::resolve_endpoints(&opts.endpoints), config).await {
+        Ok(client) => Ok(client),
+        Err(e) => Err(report_client_error(opts, &e, Object::new()).await),
+    }
 }
 
 pub async fn acquire(args: AcquireArgs) -> u8 {
@@ -124,7 +126,7 @@ pub async fn acquire(args: AcquireArgs) -> u8 {
     let request_id = match args.request_id {
         Some(Hex(bytes)) => match RequestId::from_bytes(bytes) {
             Ok(id) => id,
-            Err(e) => return report_client_error(&args.opts, &e, Object::new()),
+            Err(e) => return report_client_error(&args.opts, &e, Object::new()).await,
         },
         None => RequestId::random(),
     };
@@ -140,15 +142,14 @@ pub async fn acquire(args: AcquireArgs) -> u8 {
             let context = Object::new()
                 .with("resource", args.resource.as_str())
                 .with("request_id", request_id_hex.as_str());
-            let code = report_client_error(&args.opts, &error, context);
             // A request that never got a connection cannot have been granted.
-            if matches!(error, ClientError::Unavailable { sent: true, .. }) {
-                eprintln!(
-                    "note: the acquire may have been granted; retry it with --request-id {request_id_hex} \
-                     to get its outcome without a second grant"
-                );
-            }
-            return code;
+            let note = matches!(error, ClientError::Unavailable { sent: true, .. }).then(|| {
+                format!(
+                    "note: the acquire may have been granted; retry it with --request-id \
+                     {request_id_hex} to get its outcome without a second grant"
+                )
+            });
+            return report_with_note(&args.opts, &error, context, note).await;
         }
     };
     let state = response.lease_state();
@@ -199,7 +200,7 @@ pub async fn renew(args: RenewArgs) -> u8 {
         }
         Err(error) => {
             let context = Object::new().with("resource", args.resource.as_str());
-            report_client_error(&args.opts, &error, context)
+            report_client_error(&args.opts, &error, context).await
         }
     }
 }
@@ -235,7 +236,7 @@ pub async fn release(args: ReleaseArgs) -> u8 {
         }
         Err(error) => {
             let context = Object::new().with("resource", args.resource.as_str());
-            report_client_error(&args.opts, &error, context)
+            report_client_error(&args.opts, &error, context).await
         }
     }
 }
@@ -267,7 +268,7 @@ pub async fn get(args: GetArgs) -> u8 {
         }
         Err(error) => {
             let context = Object::new().with("resource", args.resource.as_str());
-            report_client_error(&args.opts, &error, context)
+            report_client_error(&args.opts, &error, context).await
         }
     }
 }
@@ -297,13 +298,46 @@ fn status_of(error: &ClientError) -> tonic::Status {
 }
 
 /// Prints `error: REASON: message` to stderr (and, with `--output json`, the
-/// error as JSON on stdout); returns the exit code.
-fn report_client_error(opts: &ClientOpts, error: &ClientError, context: Object) -> u8 {
+/// error as JSON on stdout), then for a failure without an answer a `hint:`
+/// line naming the cause (`diagnose`); returns the exit code.
+async fn report_client_error(opts: &ClientOpts, error: &ClientError, context: Object) -> u8 {
+    report_with_note(opts, error, context, None).await
+}
+
+/// [`report_client_error`] with a note for an unknown outcome, left out
+/// when the probes show the request cannot have reached a lock service.
+async fn report_with_note(
+    opts: &ClientOpts,
+    error: &ClientError,
+    context: Object,
+    unknown_outcome_note: Option<String>,
+) -> u8 {
     let status = status_of(error);
     let (reason, message) = describe(&status);
+    let no_answer = match error {
+        ClientError::Unavailable { .. } => true,
+        ClientError::Grpc(status) => ErrorDetail::from_status(status).is_none(),
+        _ => false,
+    };
+    let diagnosis = if no_answer {
+        Some(Diagnosis::of(&super::resolve_endpoints(&opts.endpoints), opts.tls.given()).await)
+    } else {
+        None
+    };
     eprintln!("error: {reason}: {message}");
     if opts.output == Output::Json {
         println!("{}", error_object(&status, context).render());
+    }
+    if let Some(note) = unknown_outcome_note {
+        if !diagnosis
+            .as_ref()
+            .is_some_and(Diagnosis::tls_mismatch_everywhere)
+        {
+            eprintln!("{note}");
+        }
+    }
+    if let Some(diagnosis) = &diagnosis {
+        diagnosis.print();
     }
     match error {
         ClientError::LeaseEnded { .. } => EXIT_LOCK,

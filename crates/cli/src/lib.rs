@@ -15,6 +15,7 @@
 mod admin;
 mod client;
 mod dev;
+mod diagnose;
 mod json;
 mod lock;
 
@@ -233,6 +234,11 @@ pub struct TlsArgs {
 }
 
 impl TlsArgs {
+    /// Whether any TLS file was given (the command speaks TLS).
+    pub fn given(&self) -> bool {
+        self.ca_file.is_some() || self.cert_file.is_some() || self.key_file.is_some()
+    }
+
     /// The TLS to dial with: none when no file is given.
     pub fn peer_tls(&self) -> Result<fencelock_server::security::PeerTls, String> {
         use fencelock_server::security::{PeerTls, TlsMaterial};

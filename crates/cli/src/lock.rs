@@ -22,6 +22,7 @@ use clap::Args;
 use fencelock_client::{Client, ClientConfig, ClientError, LockGuard, LostReason};
 
 use super::client::exit_code as status_exit_code;
+use super::diagnose::Diagnosis;
 use super::json::Object;
 use super::{
     Output, ShutdownSignals, EXIT_LOCK, EXIT_OK, EXIT_OTHER, EXIT_UNAVAILABLE, EXIT_USAGE,
@@ -201,7 +202,16 @@ pub async fn run(args: LockArgs) -> u8 {
     };
     let guard = match acquired {
         Ok(guard) => guard,
-        Err(e) => return report_acquire_failure(&args, &e),
+        Err(e) => {
+            let diagnosis = match e {
+                ClientError::Unavailable { .. } => Some(
+                    Diagnosis::of(&super::resolve_endpoints(&args.endpoints), args.tls.given())
+                        .await,
+                ),
+                _ => None,
+            };
+            return report_acquire_failure(&args, &e, diagnosis.as_ref());
+        }
     };
     report_acquired(&args, &guard);
 
@@ -477,22 +487,33 @@ async fn release(guard: LockGuard) -> Released {
     }
 }
 
-fn report_acquire_failure(args: &LockArgs, error: &ClientError) -> u8 {
+fn report_acquire_failure(
+    args: &LockArgs,
+    error: &ClientError,
+    diagnosis: Option<&Diagnosis>,
+) -> u8 {
     let code = acquire_exit_code(error);
     eprintln!("error: {error}");
-    // Only a request that reached a node may have been granted; one that
-    // never got a connection cannot have been.
+    // Only a request that reached a node's lock service may have been
+    // granted; one that never got a connection, or met only TLS mismatches,
+    // cannot have been.
+    let reached = !diagnosis.is_some_and(Diagnosis::tls_mismatch_everywhere);
     if let ClientError::Unavailable {
         request_id: Some(id),
         sent: true,
         ..
     } = error
     {
-        eprintln!(
-            "note: the acquire may have been granted; it expires unless renewed (retry with \
-             `fencelock acquire {} --request-id {id}` to learn its outcome)",
-            args.resource
-        );
+        if reached {
+            eprintln!(
+                "note: the acquire may have been granted; it expires unless renewed (retry \
+                 with `fencelock acquire {} --request-id {id}` to learn its outcome)",
+                args.resource
+            );
+        }
+    }
+    if let Some(diagnosis) = diagnosis {
+        diagnosis.print();
     }
     if args.output == Output::Json {
         let mut object = Object::new()

@@ -85,6 +85,25 @@ fn parse_key(pem: &[u8]) -> Result<PrivateKeyDer<'static>, String> {
     PrivateKeyDer::from_pem_slice(pem).map_err(|e| format!("no PEM private key: {e}"))
 }
 
+/// Whether `key` is the private key of the first certificate in `certs`: a
+/// swapped or stale key file otherwise fails only at the first handshake,
+/// with words that do not name the file.
+fn check_key_pair(
+    certs: Vec<CertificateDer<'static>>,
+    key: &PrivateKeyDer<'_>,
+) -> Result<(), String> {
+    use rustls::sign::CertifiedKey;
+    let signing = rustls::crypto::ring::sign::any_supported_type(key)
+        .map_err(|e| format!("unsupported private key: {e}"))?;
+    match CertifiedKey::new(certs, signing).keys_match() {
+        Ok(()) => Ok(()),
+        // A key type whose public half rustls cannot derive: the handshake
+        // will tell.
+        Err(rustls::Error::InconsistentKeys(rustls::InconsistentKeys::Unknown)) => Ok(()),
+        Err(e) => Err(format!("is not the private key of the certificate: {e}")),
+    }
+}
+
 impl TlsMaterial {
     /// Reads and checks the three files. Errors name the config key and
     /// the path.
@@ -101,8 +120,11 @@ impl TlsMaterial {
             move |reason| TlsError::Invalid { key, path, reason }
         };
         parse_certificates(&ca_pem).map_err(invalid("tls.ca_file", ca_file))?;
-        parse_certificates(&cert_pem).map_err(invalid("tls.cert_file", cert_file))?;
-        parse_key(&key_pem).map_err(invalid("tls.key_file", key_file))?;
+        let certs = parse_certificates(&cert_pem).map_err(invalid("tls.cert_file", cert_file))?;
+        let key = parse_key(&key_pem).map_err(invalid("tls.key_file", key_file))?;
+        check_key_pair(certs, &key)
+            .map_err(|reason| format!("{reason} in tls.cert_file ({})", cert_file.display()))
+            .map_err(invalid("tls.key_file", key_file))?;
         Ok(TlsMaterial {
             ca_pem,
             cert_pem,
@@ -118,8 +140,9 @@ impl TlsMaterial {
     ) -> Result<TlsMaterial, TlsError> {
         let invalid = |what: &str, reason: String| TlsError::Setup(format!("{what}: {reason}"));
         parse_certificates(ca_pem).map_err(|r| invalid("CA", r))?;
-        parse_certificates(cert_pem).map_err(|r| invalid("certificate", r))?;
-        parse_key(key_pem).map_err(|r| invalid("key", r))?;
+        let certs = parse_certificates(cert_pem).map_err(|r| invalid("certificate", r))?;
+        let key = parse_key(key_pem).map_err(|r| invalid("key", r))?;
+        check_key_pair(certs, &key).map_err(|r| invalid("key", r))?;
         Ok(TlsMaterial {
             ca_pem: ca_pem.to_vec(),
             cert_pem: cert_pem.to_vec(),

@@ -239,6 +239,34 @@ mod tests {
     }
 
     #[test]
+    fn a_key_that_is_not_the_certificates_is_refused_naming_both_files() {
+        use crate::security::TlsMaterial;
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("certs");
+        DevCerts::generate(&DevCertsSpec {
+            nodes: 2,
+            hosts: vec!["localhost".into()],
+            tenants: vec![],
+            admins: vec![],
+        })
+        .unwrap()
+        .write(&out)
+        .unwrap();
+        let ca = out.join("ca.crt");
+        TlsMaterial::load(&ca, &out.join("node-1.crt"), &out.join("node-1.key"))
+            .expect("a matching pair loads");
+        let err = TlsMaterial::load(&ca, &out.join("node-1.crt"), &out.join("node-2.key"))
+            .expect_err("node 2's key with node 1's certificate")
+            .to_string();
+        assert!(err.contains("tls.key_file"), "{err}");
+        assert!(
+            err.contains("node-2.key") && err.contains("node-1.crt"),
+            "{err}"
+        );
+        assert!(err.contains("not the private key"), "{err}");
+    }
+
+    #[test]
     fn bad_tenant_names_are_refused() {
         let err = DevCerts::generate(&DevCertsSpec {
             nodes: 0,

@@ -337,6 +337,10 @@ async fn an_acquire_that_never_reached_a_node_does_not_say_it_may_have_been_gran
             "{args:?} claims a grant that cannot have happened: {stderr}"
         );
         assert!(stderr.contains("error:"), "{args:?}: {stderr}");
+        assert!(
+            stderr.contains("nothing accepts connections at"),
+            "{args:?}: {stderr}"
+        );
     }
 }
 
