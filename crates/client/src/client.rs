@@ -319,20 +319,11 @@ impl Client {
             lease_id: lease_id.to_vec(),
             lease_ttl_ms,
         };
-        let deadline = Instant::now() + self.inner.config.call_timeout();
         let answer = self
             .inner
-            .call(
-                Some(resource),
-                None,
-                deadline,
-                AttemptLimit::Bounded,
-                &[],
-                |mut client, timeout| {
-                    let request = with_timeout(request.clone(), timeout);
-                    async move { client.renew(request).await }
-                },
-            )
+            .bounded_call(resource, request, |mut client, request| async move {
+                client.renew(request).await
+            })
             .await?;
         Ok(answer.value)
     }
@@ -354,20 +345,11 @@ impl Client {
         let request = GetRequest {
             resource: resource.to_owned(),
         };
-        let deadline = Instant::now() + self.inner.config.call_timeout();
         let answer = self
             .inner
-            .call(
-                Some(resource),
-                None,
-                deadline,
-                AttemptLimit::Bounded,
-                &[],
-                |mut client, timeout| {
-                    let request = with_timeout(request.clone(), timeout);
-                    async move { client.get(request).await }
-                },
-            )
+            .bounded_call(resource, request, |mut client, request| async move {
+                client.get(request).await
+            })
             .await?;
         self.inner
             .router
@@ -640,21 +622,38 @@ impl Inner {
             resource: resource.to_owned(),
             lease_id: lease_id.to_vec(),
         };
-        let deadline = Instant::now() + self.config.call_timeout();
         let answer = self
-            .call(
-                Some(resource),
-                None,
-                deadline,
-                AttemptLimit::Bounded,
-                &[],
-                |mut client, timeout| {
-                    let request = with_timeout(request.clone(), timeout);
-                    async move { client.release(request).await }
-                },
-            )
+            .bounded_call(resource, request, |mut client, request| async move {
+                client.release(request).await
+            })
             .await?;
         Ok(answer.value.released)
+    }
+
+    /// [`call`](Self::call) of one request about `resource` with the
+    /// configured call deadline and bounded attempts; `rpc` gets the
+    /// request with each attempt's gRPC deadline set.
+    async fn bounded_call<R, T, F, Fut>(
+        &self,
+        resource: &str,
+        request: R,
+        rpc: F,
+    ) -> Result<Answer<T>, ClientError>
+    where
+        R: Clone,
+        F: Fn(LockServiceClient<Channel>, tonic::Request<R>) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    {
+        let deadline = Instant::now() + self.config.call_timeout();
+        self.call(
+            Some(resource),
+            None,
+            deadline,
+            AttemptLimit::Bounded,
+            &[],
+            |client, timeout| rpc(client, with_timeout(request.clone(), timeout)),
+        )
+        .await
     }
 
     /// Turns a grant into a guard kept alive by the keeper. The stop-by

@@ -242,6 +242,52 @@ impl Drop for StopOnDrop {
     }
 }
 
+/// A `fencelock dev` of three nodes (two shards each, no admin ports) in a
+/// temporary directory, its output followed.
+struct Dev {
+    child: std::process::Child,
+    printed: Printed,
+    /// The port of node 1.
+    base: u16,
+    dir: tempfile::TempDir,
+    _stop: StopOnDrop,
+}
+
+impl Dev {
+    fn start(extra: &[&str]) -> Dev {
+        let dir = tempfile::tempdir().unwrap();
+        let base = common::free_ports(3);
+        let mut child = Command::new(common::fencelock_bin())
+            .args([
+                "dev",
+                "--nodes",
+                "3",
+                "--shards",
+                "2",
+                "--admin-base-port",
+                "0",
+            ])
+            .args(extra)
+            .args(["--base-port", &base.to_string(), "--dir"])
+            .arg(dir.path().join("cluster"))
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let printed = Printed::default();
+        printed.follow(child.stdout.take().unwrap());
+        printed.follow(child.stderr.take().unwrap());
+        Dev {
+            _stop: StopOnDrop(child.id()),
+            child,
+            printed,
+            base,
+            dir,
+        }
+    }
+}
+
 /// The pid `fencelock dev` printed for node `id` ("  node 2  http://...  pid N ...").
 fn pid_of(printed: &Printed, id: u64) -> String {
     let line = printed.wait_for(&[&format!("  node {id}  "), " pid "]);
@@ -255,30 +301,14 @@ fn pid_of(printed: &Printed, id: u64) -> String {
 /// the whole cluster after that is a clean exit.
 #[test]
 fn dev_restarts_a_node_that_died_and_leaves_a_cleanly_stopped_one_alone() {
-    let bin = &common::fencelock_bin();
-    let dir = tempfile::tempdir().unwrap();
-    let base = common::free_ports(3);
-    let mut dev = Command::new(bin)
-        .args([
-            "dev",
-            "--nodes",
-            "3",
-            "--shards",
-            "2",
-            "--admin-base-port",
-            "0",
-        ])
-        .args(["--base-port", &base.to_string(), "--dir"])
-        .arg(dir.path().join("cluster"))
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let _stop = StopOnDrop(dev.id());
-    let printed = Printed::default();
-    printed.follow(dev.stdout.take().unwrap());
-    printed.follow(dev.stderr.take().unwrap());
+    let Dev {
+        mut child,
+        printed,
+        base,
+        dir: _dir,
+        _stop,
+    } = Dev::start(&[]);
+    let dev = &mut child;
     let kill = |signal: &str, pid: &str| {
         assert!(Command::new("kill")
             .args([signal, pid])
@@ -335,30 +365,14 @@ fn dev_restarts_a_node_that_died_and_leaves_a_cleanly_stopped_one_alone() {
 #[test]
 fn dev_tls_runs_a_mutual_tls_cluster_that_refuses_plaintext_clients() {
     let bin = &common::fencelock_bin();
-    let dir = tempfile::tempdir().unwrap();
-    let base = common::free_ports(3);
-    let mut dev = Command::new(bin)
-        .args([
-            "dev",
-            "--tls",
-            "--nodes",
-            "3",
-            "--shards",
-            "2",
-            "--admin-base-port",
-            "0",
-        ])
-        .args(["--base-port", &base.to_string(), "--dir"])
-        .arg(dir.path().join("cluster"))
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let _stop = StopOnDrop(dev.id());
-    let printed = Printed::default();
-    printed.follow(dev.stdout.take().unwrap());
-    printed.follow(dev.stderr.take().unwrap());
+    let Dev {
+        mut child,
+        printed,
+        base,
+        dir,
+        _stop,
+    } = Dev::start(&["--tls"]);
+    let dev = &mut child;
     printed.wait_for(&["mutual TLS"]);
     let try_line = printed.wait_for(&["try:", "--ca-file"]);
     // The printed command, as a user would paste it.
