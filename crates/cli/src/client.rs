@@ -329,10 +329,7 @@ async fn report_with_note(
         println!("{}", error_object(&status, context).render());
     }
     if let Some(note) = unknown_outcome_note {
-        if !diagnosis
-            .as_ref()
-            .is_some_and(Diagnosis::tls_mismatch_everywhere)
-        {
+        if Diagnosis::may_have_reached_a_node(diagnosis.as_ref()) {
             eprintln!("{note}");
         }
     }

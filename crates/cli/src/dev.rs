@@ -486,11 +486,16 @@ fn describe_exit(status: &std::io::Result<ExitStatus>) -> String {
     }
 }
 
-/// The restart bookkeeping of one node.
-#[derive(Debug, Default)]
-struct Restarts {
-    /// Failures since it last ran for [`RESTART_STREAK_RESET`].
-    in_a_row: u32,
+/// Counts a failure of a node that ran for `ran_for` into `in_a_row` (its
+/// failures since it last ran [`RESTART_STREAK_RESET`]); the wait before its
+/// restart, or `None` once it failed more than [`MAX_RESTARTS_IN_A_ROW`]
+/// times in a row and is left stopped.
+fn restart_after_failure(in_a_row: &mut u32, ran_for: Duration) -> Option<Duration> {
+    if ran_for >= RESTART_STREAK_RESET {
+        *in_a_row = 0;
+    }
+    *in_a_row += 1;
+    (*in_a_row <= MAX_RESTARTS_IN_A_ROW).then(|| restart_delay(*in_a_row))
 }
 
 /// The wait before restart number `in_a_row` (1 = the first) of a node.
@@ -608,7 +613,8 @@ pub async fn run(args: DevArgs) -> u8 {
         }
         stop_deadline = Some(tokio::time::Instant::now() + STOP_GRACE);
     }
-    let mut restarts: BTreeMap<u64, Restarts> = BTreeMap::new();
+    // Failures in a row per node (see `restart_after_failure`).
+    let mut failures: BTreeMap<u64, u32> = BTreeMap::new();
     // Failed nodes waiting for their restart, and when it is due.
     let mut pending: BTreeMap<u64, tokio::time::Instant> = BTreeMap::new();
     let mut gave_up = false;
@@ -664,33 +670,26 @@ pub async fn run(args: DevArgs) -> u8 {
                         live.len()
                     );
                 } else {
-                    let record = restarts.entry(id).or_default();
-                    if started_at.elapsed() >= RESTART_STREAK_RESET {
-                        record.in_a_row = 0;
-                    }
-                    record.in_a_row += 1;
-                    if record.in_a_row > MAX_RESTARTS_IN_A_ROW {
+                    let in_a_row = failures.entry(id).or_default();
+                    let Some(delay) = restart_after_failure(in_a_row, started_at.elapsed()) else {
                         gave_up = true;
                         eprintln!(
-                            "fencelock dev: node {id} exited unexpectedly: {}; it failed {} times \
-                             in a row, so it is left stopped (its log is above; {} nodes still \
-                             running, Ctrl-C stops them)",
+                            "fencelock dev: node {id} exited unexpectedly: {}; it failed {in_a_row} \
+                             times in a row, so it is left stopped (its log is above; {} nodes \
+                             still running, Ctrl-C stops them)",
                             describe_exit(&status),
-                            record.in_a_row,
                             live.len()
                         );
-                    } else {
-                        let delay = restart_delay(record.in_a_row);
-                        eprintln!(
-                            "fencelock dev: node {id} exited unexpectedly: {}; restarting it in \
-                             {} s (restart {} of at most {MAX_RESTARTS_IN_A_ROW} in a row; its \
-                             log is above)",
-                            describe_exit(&status),
-                            delay.as_secs(),
-                            record.in_a_row
-                        );
-                        pending.insert(id, tokio::time::Instant::now() + delay);
-                    }
+                        continue;
+                    };
+                    eprintln!(
+                        "fencelock dev: node {id} exited unexpectedly: {}; restarting it in {} s \
+                         (restart {in_a_row} of at most {MAX_RESTARTS_IN_A_ROW} in a row; its log \
+                         is above)",
+                        describe_exit(&status),
+                        delay.as_secs()
+                    );
+                    pending.insert(id, tokio::time::Instant::now() + delay);
                 }
             }
             () = restart_due => {
@@ -751,6 +750,24 @@ mod tests {
         assert_eq!(restart_delay(3), RESTART_FIRST_DELAY * 4);
         assert_eq!(restart_delay(40), RESTART_MAX_DELAY);
         assert!(restart_delay(MAX_RESTARTS_IN_A_ROW) <= RESTART_MAX_DELAY);
+    }
+
+    #[test]
+    fn a_node_that_keeps_failing_at_start_is_left_stopped_and_one_that_ran_starts_afresh() {
+        let mut in_a_row = 0;
+        for n in 1..=MAX_RESTARTS_IN_A_ROW {
+            assert_eq!(
+                restart_after_failure(&mut in_a_row, Duration::ZERO),
+                Some(restart_delay(n))
+            );
+        }
+        assert_eq!(restart_after_failure(&mut in_a_row, Duration::ZERO), None);
+        // Running long enough before the failure starts a new streak.
+        assert_eq!(
+            restart_after_failure(&mut in_a_row, RESTART_STREAK_RESET),
+            Some(RESTART_FIRST_DELAY)
+        );
+        assert_eq!(in_a_row, 1);
     }
 
     #[test]

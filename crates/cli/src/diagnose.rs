@@ -102,12 +102,20 @@ impl Diagnosis {
 
     /// Every probed node refused the client's choice of TLS or plaintext:
     /// no request can have reached a lock service.
-    pub fn tls_mismatch_everywhere(&self) -> bool {
+    fn tls_mismatch_everywhere(&self) -> bool {
         !self.findings.is_empty()
             && self
                 .findings
                 .iter()
                 .all(|(f, _)| matches!(f, Finding::ExpectsTls | Finding::SpeaksPlaintext))
+    }
+
+    /// Whether a call that got no answer may have reached a lock service
+    /// (and so may have taken effect): false only when every probed node
+    /// refused the client's choice of TLS or plaintext. No diagnosis (no
+    /// probe made): it may have.
+    pub fn may_have_reached_a_node(diagnosis: Option<&Diagnosis>) -> bool {
+        !diagnosis.is_some_and(Diagnosis::tls_mismatch_everywhere)
     }
 
     /// Prints a `hint:` line for each explained failure.

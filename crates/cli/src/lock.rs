@@ -497,7 +497,7 @@ fn report_acquire_failure(
     // Only a request that reached a node's lock service may have been
     // granted; one that never got a connection, or met only TLS mismatches,
     // cannot have been.
-    let reached = !diagnosis.is_some_and(Diagnosis::tls_mismatch_everywhere);
+    let reached = Diagnosis::may_have_reached_a_node(diagnosis);
     if let ClientError::Unavailable {
         request_id: Some(id),
         sent: true,
