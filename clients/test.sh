@@ -4,13 +4,14 @@
 #      with the Python package built as a wheel and installed;
 #   2. the Python unit tests and `mypy --strict` on the installed package;
 #   3. the Rust conformance agent (cargo build of the client crate's example);
-#   4. Node's own tests (clients/node/test.sh) if clients/node exists;
-#   5. the conformance suite (clients/conformance) for every agent found,
+#   4. fencelock-bench (cargo build; FENCELOCK_BENCH_BIN, else
+#      $CARGO_TARGET_DIR/debug/fencelock-bench) for the tools test;
+#   5. Node's own tests (clients/node/test.sh) if clients/node exists;
+#   6. the conformance suite (clients/conformance) for every agent found,
 #      against a real cluster of `fencelock serve` processes
 #      (FENCELOCK_BIN, else $CARGO_TARGET_DIR/debug/fencelock, else
 #      /work/main/target/debug/fencelock); its tools test also runs
-#      `fencelock-bench client-load` (FENCELOCK_BENCH_BIN, else
-#      $CARGO_TARGET_DIR/debug/fencelock-bench, built after step 3).
+#      `fencelock-bench client-load` (step 4's binary).
 # Set FENCELOCK_AGENTS=python,rust,node to require exactly those agents.
 set -euo pipefail
 

@@ -39,7 +39,9 @@ pub const DEFAULT_PYTHON: &str = "python3";
 pub const BENCH_SCRIPT: &str = "clients/python/bench.py";
 /// Seconds a client process may run past its `--seconds` before it is
 /// killed: interpreter start-up and imports, connecting, and the last
-/// operation's retries (bench.py joins its threads within 60 s).
+/// operation's retries (each of bench.py's threads ends after the
+/// operation in flight at `--seconds`, whose retries are bounded by the
+/// client's call timeout).
 pub const OVERRUN_MARGIN_S: f64 = 75.0;
 /// Seconds the `import fencelock` check may take.
 const IMPORT_CHECK_TIMEOUT_S: f64 = 60.0;
@@ -418,6 +420,21 @@ fn spawn(python: &Path, args: &[String], dir: Option<&Path>) -> Result<Running, 
     if let Some(d) = dir {
         command.current_dir(d);
     }
+    // A client process dies with this harness (killed or crashed), so an
+    // interrupted run leaves no load behind.
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::unix::process::CommandExt as _;
+        // SAFETY: prctl is async-signal-safe and touches only this child.
+        unsafe {
+            command.pre_exec(|| {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) == -1 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+    }
     let mut child = command
         .args(args)
         .stdin(Stdio::null())
@@ -460,13 +477,19 @@ fn wait_bounded(running: Running, deadline: Instant) -> Result<Finished, BenchEr
 /// then.
 fn wait_all(mut running: Vec<Running>, deadline: Instant) -> Result<Vec<Finished>, BenchError> {
     let mut statuses: Vec<Option<ExitStatus>> = vec![None; running.len()];
-    loop {
+    // A failed wait ends the waiting, but not before every process still
+    // running is killed and reaped below: none is left behind.
+    let mut wait_error = None;
+    'polling: loop {
         for (r, status) in running.iter_mut().zip(statuses.iter_mut()) {
             if status.is_none() {
-                *status = r
-                    .child
-                    .try_wait()
-                    .map_err(|e| BenchError::Client(format!("waiting for a client: {e}")))?;
+                match r.child.try_wait() {
+                    Ok(s) => *status = s,
+                    Err(e) => {
+                        wait_error = Some(BenchError::Client(format!("waiting for a client: {e}")));
+                        break 'polling;
+                    }
+                }
             }
         }
         if statuses.iter().all(Option::is_some) || Instant::now() >= deadline {
@@ -474,7 +497,7 @@ fn wait_all(mut running: Vec<Running>, deadline: Instant) -> Result<Vec<Finished
         }
         std::thread::sleep(Duration::from_millis(POLL_INTERVAL_MS));
     }
-    Ok(running
+    let finished: Vec<Finished> = running
         .into_iter()
         .zip(statuses)
         .map(|(mut r, status)| {
@@ -489,7 +512,11 @@ fn wait_all(mut running: Vec<Running>, deadline: Instant) -> Result<Vec<Finished
                 stderr: r.stderr.join().unwrap_or_default(),
             }
         })
-        .collect())
+        .collect();
+    match wait_error {
+        Some(e) => Err(e),
+        None => Ok(finished),
+    }
 }
 
 fn tail(text: &str) -> &str {
