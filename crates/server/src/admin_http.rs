@@ -2,10 +2,13 @@
 //! read over plain HTTP.
 //!
 //! * `GET /metrics` — the node's metrics, Prometheus text format.
-//! * `GET /` — the operator status page: nodes, shards, leaders, replicas,
-//!   epochs, lock and waiter counts, hottest resources; it refreshes itself
-//!   from `/status.json` every [`STATUS_REFRESH_MS`].
-//! * `GET /status.json` — the cluster view the page shows, as JSON.
+//! * `GET /` — the operator status page ([`crate::status`]), rendered on the
+//!   server: charts of request rates, latency, locks and leaders per node
+//!   over the last minutes, then nodes, shards, leaders, replicas, epochs,
+//!   lock and waiter counts and the hottest resources. An open page swaps in
+//!   a fresh copy every [`STATUS_REFRESH_MS`].
+//! * `GET /status.json` — the same view as JSON, with the charts' figures
+//!   (`series`).
 //! * `GET /healthz` — 200 while the node serves, 503 while it drains (the
 //!   port opens only once the node serves; for HTTP-only probes — gRPC
 //!   clients use `grpc.health.v1`).
@@ -20,16 +23,14 @@
 //! `/healthz` take any certificate the CA signed (Prometheus, probes).
 
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use axum::extract::{ConnectInfo, State};
 use axum::http::{header, StatusCode};
 use axum::response::{Html, IntoResponse, Response};
 use axum::routing::get;
 use fencelock_api::v1::admin_service_server::AdminService;
-use fencelock_api::v1::{
-    HotResourcesRequest, ListNodesRequest, ListShardsRequest, NodeState, ReplicaRole,
-};
+use fencelock_api::v1::{HotResourcesRequest, ListNodesRequest, ListShardsRequest};
 use serde_json::{json, Value};
 use tokio::sync::oneshot;
 
@@ -37,14 +38,12 @@ use crate::admin::AdminServiceImpl;
 use crate::errors::ServerError;
 use crate::metrics::Metrics;
 use crate::node::NodeView;
+use crate::ops::Ops;
 use crate::security::{Identity, TlsMaterial};
-
-/// How often the status page asks for fresh numbers, in milliseconds.
-pub const STATUS_REFRESH_MS: u64 = 2_000;
-/// Hot resources the status page lists.
-pub const STATUS_HOT_LIMIT: u32 = 10;
-
-const STATUS_PAGE: &str = include_str!("status_page.html");
+use crate::status::history::History;
+use crate::status::page;
+use crate::status::view::{ClusterView, Served};
+use crate::status::{STATUS_HISTORY_SAMPLES, STATUS_HOT_LIMIT, STATUS_REFRESH_MS};
 
 /// What the handlers read.
 #[derive(Clone)]
@@ -52,6 +51,19 @@ pub struct HttpState {
     pub metrics: Arc<Metrics>,
     pub view: Arc<NodeView>,
     pub admin: Arc<AdminServiceImpl>,
+    /// The status page's samples, fed by [`crate::status::sampler`].
+    pub history: Arc<Mutex<History>>,
+}
+
+impl HttpState {
+    pub fn new(metrics: Arc<Metrics>, view: Arc<NodeView>, ops: Ops) -> HttpState {
+        HttpState {
+            metrics,
+            view,
+            admin: Arc::new(AdminServiceImpl::new(ops)),
+            history: Arc::new(Mutex::new(History::new(STATUS_HISTORY_SAMPLES))),
+        }
+    }
 }
 
 /// Serves the admin port on `listener` until the returned sender fires (or
@@ -59,11 +71,13 @@ pub struct HttpState {
 pub fn spawn(
     listener: tokio::net::TcpListener,
     state: HttpState,
+    ops: Ops,
     tls: Option<Arc<TlsMaterial>>,
 ) -> Result<(oneshot::Sender<()>, tokio::task::JoinHandle<()>, SocketAddr), ServerError> {
     let addr = listener
         .local_addr()
         .map_err(|e| ServerError::Internal(e.to_string()))?;
+    let sampler = crate::status::sampler::spawn(ops, state.history.clone());
     let app = axum::Router::new()
         .route("/", get(status_page))
         .route("/metrics", get(metrics))
@@ -72,8 +86,10 @@ pub fn spawn(
         .with_state(state)
         .into_make_service_with_connect_info::<AdminPeer>();
     let (stop_tx, stop_rx) = oneshot::channel::<()>();
-    let stop = async {
+    // The sampler stops with the port: nobody reads its samples after.
+    let stop = async move {
         let _ = stop_rx.await;
+        sampler.abort();
     };
     let task = match tls {
         None => tokio::spawn(async move {
@@ -261,12 +277,30 @@ async fn healthz(State(state): State<HttpState>) -> Response {
     }
 }
 
-async fn status_page(ConnectInfo(peer): ConnectInfo<AdminPeer>) -> Response {
+async fn status_page(
+    ConnectInfo(peer): ConnectInfo<AdminPeer>,
+    State(state): State<HttpState>,
+) -> Response {
     if !peer.is_admin() {
         return forbidden();
     }
-    let page = STATUS_PAGE.replace("{{REFRESH_MS}}", &STATUS_REFRESH_MS.to_string());
-    Html(page).into_response()
+    let listed = cluster_view(&state).await;
+    let history = match state.history.lock() {
+        Ok(h) => h,
+        Err(poisoned) => poisoned.into_inner(),
+    };
+    let (code, content) = match &listed {
+        Ok(view) => (StatusCode::OK, page::Content::View(view)),
+        Err(status) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            page::Content::Unavailable {
+                node_id: state.view.node_id,
+                reason: status.message(),
+            },
+        ),
+    };
+    let html = page::render(content, &history, STATUS_REFRESH_MS);
+    (code, [(header::CACHE_CONTROL, "no-store")], Html(html)).into_response()
 }
 
 async fn status_json(
@@ -277,7 +311,16 @@ async fn status_json(
         return forbidden();
     }
     let (code, body) = match cluster_view(&state).await {
-        Ok(v) => (StatusCode::OK, v),
+        Ok(view) => {
+            let series = match state.history.lock() {
+                Ok(h) => series_json(&h),
+                Err(poisoned) => series_json(&poisoned.into_inner()),
+            };
+            let mut body =
+                serde_json::to_value(&view).unwrap_or_else(|e| json!({ "error": e.to_string() }));
+            body["series"] = series;
+            (StatusCode::OK, body)
+        }
         Err(status) => (
             StatusCode::SERVICE_UNAVAILABLE,
             json!({ "error": status.message() }),
@@ -294,18 +337,28 @@ async fn status_json(
         .into_response()
 }
 
-fn node_state_name(state: i32) -> &'static str {
-    match NodeState::try_from(state).unwrap_or(NodeState::Unspecified) {
-        NodeState::Up => "up",
-        NodeState::Down => "down",
-        NodeState::Draining => "draining",
-        NodeState::Drained => "drained",
-        NodeState::Unspecified => "unknown",
-    }
+/// The charts' figures, one entry per sampling interval, oldest first.
+fn series_json(history: &History) -> Value {
+    history
+        .points()
+        .iter()
+        .map(|p| {
+            json!({
+                "at_ms": p.at_ms,
+                "requests_per_s": p.requests_per_s,
+                "grants_per_s": p.grants_per_s,
+                "p50_ms": p.p50_ms,
+                "p99_ms": p.p99_ms,
+                "nodes_counted": p.nodes_counted,
+                "held_locks": p.held_locks,
+                "waiters": p.waiters,
+            })
+        })
+        .collect()
 }
 
 /// The cluster as the admin API reports it, shaped for the page.
-async fn cluster_view(state: &HttpState) -> Result<Value, tonic::Status> {
+async fn cluster_view(state: &HttpState) -> Result<ClusterView, tonic::Status> {
     let admin = &state.admin;
     let nodes = admin
         .list_nodes(tonic::Request::new(ListNodesRequest {}))
@@ -321,74 +374,10 @@ async fn cluster_view(state: &HttpState) -> Result<Value, tonic::Status> {
         }))
         .await?
         .into_inner();
-    let nodes: Vec<Value> = nodes
-        .nodes
-        .iter()
-        .map(|n| {
-            json!({
-                "node_id": n.node_id,
-                "address": n.address,
-                "state": node_state_name(n.state),
-                "replicas": n.replica_count,
-                "leaders": n.leader_count,
-            })
-        })
-        .collect();
-    let shard_rows: Vec<Value> = shards
-        .shards
-        .iter()
-        .map(|s| {
-            let replicas: Vec<Value> = s
-                .replicas
-                .iter()
-                .map(|r| {
-                    let role = match ReplicaRole::try_from(r.role) {
-                        Ok(ReplicaRole::Learner) => "learner",
-                        _ => "voter",
-                    };
-                    json!({ "node_id": r.node_id, "role": role, "applied_index": r.applied_index })
-                })
-                .collect();
-            let slots: Vec<String> = s
-                .slot_ranges
-                .iter()
-                .map(|r| format!("{}-{}", r.start, r.end))
-                .collect();
-            json!({
-                "shard_id": s.shard_id,
-                "epoch": s.epoch,
-                "leader": s.leader_node_id,
-                "replicas": replicas,
-                "slots": slots,
-                "held_locks": s.held_locks,
-                "waiters": s.waiters,
-            })
-        })
-        .collect();
-    let hot: Vec<Value> = hot
-        .resources
-        .iter()
-        .map(|h| {
-            json!({
-                "resource": h.resource,
-                "shard_id": h.shard_id,
-                "acquires": h.acquires,
-                "contended": h.contended,
-            })
-        })
-        .collect();
-    let held: u64 = shards.shards.iter().map(|s| s.held_locks).sum();
-    let waiters: u64 = shards.shards.iter().map(|s| s.waiters).sum();
-    Ok(json!({
-        "served_by": state.view.node_id,
-        // Shown as a warning banner on the page.
-        "insecure": state.view.insecure,
-        "generated_at_ms": crate::store::wall_ms(),
-        "map_version": shards.map_version,
-        "migration_id": shards.migration_id,
-        "totals": { "held_locks": held, "waiters": waiters, "shards": shard_rows.len(), "nodes": nodes.len() },
-        "nodes": nodes,
-        "shards": shard_rows,
-        "hot": hot,
-    }))
+    let served = Served {
+        by_node: state.view.node_id,
+        insecure: state.view.insecure,
+        at_ms: crate::store::wall_ms(),
+    };
+    Ok(ClusterView::from_admin(served, &nodes, &shards, &hot))
 }

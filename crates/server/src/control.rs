@@ -19,6 +19,7 @@ use crate::internal::{
     MapSnapshot, MembershipChangeKind, NodeStatus, ProposeMetaRequest, ProposeMetaResponse,
     ProposeShardRequest, ProposeShardResponse, ReplicaStatus, StatusRequest, TransferLeaderRequest,
 };
+use crate::metrics::Metrics;
 use crate::router::Router;
 use crate::store::{
     MembershipChange, PeerInit, Responder, ShardStatus, StoreError, StoreMsg, StoreSender,
@@ -30,6 +31,8 @@ pub struct NodeControlImpl {
     store: StoreSender,
     router: Arc<Router>,
     status: Arc<Mutex<Vec<ShardStatus>>>,
+    /// Read by `Status`: what the client-facing services answered.
+    metrics: Arc<Metrics>,
 }
 
 impl NodeControlImpl {
@@ -38,12 +41,14 @@ impl NodeControlImpl {
         store: StoreSender,
         router: Arc<Router>,
         status: Arc<Mutex<Vec<ShardStatus>>>,
+        metrics: Arc<Metrics>,
     ) -> Self {
         NodeControlImpl {
             node_id,
             store,
             router,
             status,
+            metrics,
         }
     }
 
@@ -216,6 +221,7 @@ impl NodeControl for NodeControlImpl {
             node_id: self.node_id,
             replicas,
             map_version: self.router.map_version(),
+            requests: Some(self.metrics.requests.totals()),
         }))
     }
 

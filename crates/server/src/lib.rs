@@ -17,8 +17,10 @@
 //! * [`config`] — the node's configuration file, defaults and validation.
 //! * [`errors`] — the crate's error type and its mapping to gRPC statuses.
 //! * [`metrics`] — the node's Prometheus registry and every metric.
-//! * [`admin_http`] — the admin HTTP port: `/metrics` and the operator
-//!   status page.
+//! * [`admin_http`] — the admin HTTP port: `/metrics`, `/healthz` and the
+//!   operator status page.
+//! * [`status`] — the status page: cluster samples, their rates and
+//!   latencies, and the page with its charts, rendered on the server.
 //! * [`logging`] — `tracing` output: filters, text or JSON.
 //! * [`validate`] — field checks of public API requests (pure; fuzzed).
 //!
@@ -53,6 +55,7 @@ pub use fencelock_controller::reshard;
 pub use fencelock_router as router;
 pub mod security;
 pub mod service;
+pub mod status;
 /// The multi-Raft store loop lives in `fencelock-multiraft`; re-exported
 /// for the server's callers.
 pub use fencelock_multiraft as store;

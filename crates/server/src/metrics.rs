@@ -215,6 +215,36 @@ impl RequestMetrics {
     pub fn forwarded(&self) {
         self.forwarded.inc();
     }
+
+    /// What this node answered since its process started, over every
+    /// operation: the status page charts rates and latency from these
+    /// (read by `NodeControl.Status`).
+    pub fn totals(&self) -> crate::internal::RequestTotals {
+        let answered = self.outcomes.iter().map(IntCounter::get).sum();
+        let ok = Outcome::ALL
+            .iter()
+            .position(|x| *x == Outcome::Ok)
+            .expect("listed");
+        let granted = self.outcomes[Self::index(Op::Acquire) * Outcome::ALL.len() + ok].get();
+        let mut counts = vec![0u64; REQUEST_BUCKETS_SECONDS.len()];
+        for histogram in &self.latency {
+            let metric = prometheus::core::Metric::metric(histogram);
+            let buckets = metric.get_histogram().get_bucket();
+            debug_assert_eq!(buckets.len(), counts.len(), "one count per bound");
+            for (sum, bucket) in counts.iter_mut().zip(buckets) {
+                *sum += bucket.cumulative_count();
+            }
+        }
+        crate::internal::RequestTotals {
+            answered,
+            granted,
+            latency_bucket_upper_us: REQUEST_BUCKETS_SECONDS
+                .iter()
+                .map(|s| (s * 1e6).round() as u64)
+                .collect(),
+            latency_bucket_counts: counts,
+        }
+    }
 }
 
 /// One request being timed; see [`RequestMetrics::start`].

@@ -416,6 +416,7 @@ impl Node {
             store_tx.clone(),
             router.clone(),
             status.clone(),
+            metrics.clone(),
         );
         let ops = crate::ops::Ops::new(
             router.clone(),
@@ -528,11 +529,8 @@ impl Node {
             Some(listener) => {
                 let (stop, task, addr) = crate::admin_http::spawn(
                     listener,
-                    crate::admin_http::HttpState {
-                        metrics: metrics.clone(),
-                        view: view.clone(),
-                        admin: Arc::new(crate::admin::AdminServiceImpl::new(ops.clone())),
-                    },
+                    crate::admin_http::HttpState::new(metrics.clone(), view.clone(), ops.clone()),
+                    ops.clone(),
                     tls.material().cloned(),
                 )?;
                 (Some(addr), Some(stop), Some(task))

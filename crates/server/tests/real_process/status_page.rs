@@ -1,8 +1,10 @@
-//! The operator status page, loaded in headless Chromium (Debian's
-//! `chromium`) from a node's admin port: after its script ran and refreshed
-//! a few times, the page must show the cluster as the admin API reports it —
-//! nodes, shard leaders and epochs, lock and waiter counts, the hottest
-//! resource.
+//! The operator status page, read from a node's admin port two ways:
+//! as a plain HTTP client sees it (no script runs: everything must already
+//! be in the server's answer, charts included), and in headless Chromium
+//! (Debian's `chromium`) after its script refreshed the page a few times.
+//! Both must show the cluster as the admin API reports it — nodes, shard
+//! leaders and epochs, lock and waiter counts, the hottest resource — and
+//! charts of request rates, latency, locks and leaders per node.
 
 use crate::common;
 use crate::ops_support;
@@ -10,12 +12,31 @@ use crate::ops_support;
 use std::process::Command;
 use std::time::Duration;
 
-use common::{acquire, acquire_req, Cluster};
+use common::{acquire, acquire_req, get, Cluster};
 use fencelock_api::v1::ListShardsRequest;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// Virtual time Chromium gives the page's script: long enough for
 /// several refreshes at the page's 2 s interval.
 const PAGE_TIME_BUDGET_MS: u64 = 7_000;
+
+/// The body of `GET path` over plain HTTP/1.1, as curl would fetch it.
+async fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).await.unwrap();
+    let (head, body) = answer.split_once("\r\n\r\n").expect("an HTTP answer");
+    assert!(
+        !head
+            .to_ascii_lowercase()
+            .contains("transfer-encoding: chunked"),
+        "expected a sized body: {head}"
+    );
+    let code = head.split(' ').nth(1).unwrap().parse().unwrap();
+    (code, body.to_owned())
+}
 
 /// The page's DOM after its script ran, as Chromium serialized it.
 fn render(url: &str) -> String {
@@ -74,8 +95,81 @@ fn cell<'a>(dom: &'a str, row: &str, field: &str) -> &'a str {
     text_after(&dom[at..end], &format!("data-field=\"{field}\""))
 }
 
+/// The value of attribute `name` in the first element after `marker`.
+fn attribute<'a>(dom: &'a str, marker: &str, name: &str) -> &'a str {
+    let at = dom
+        .find(marker)
+        .unwrap_or_else(|| panic!("{marker} not in the page:\n{dom}"));
+    let tag_end = dom[at..].find('>').unwrap() + at;
+    let tag = &dom[at..tag_end];
+    let key = format!("{name}=\"");
+    let start = tag
+        .find(&key)
+        .unwrap_or_else(|| panic!("no {name} in {tag}"))
+        + key.len();
+    let end = tag[start..].find('"').unwrap() + start;
+    &tag[start..end]
+}
+
+/// What both readings of the page must show.
+fn assert_page_shows_the_cluster(dom: &str, shards: &[fencelock_api::v1::Shard]) {
+    assert_eq!(
+        text_after(dom, "id=\"error\""),
+        "",
+        "the page reported an error"
+    );
+    assert_eq!(text_after(dom, "id=\"served-by\""), "2");
+    assert_eq!(text_after(dom, "id=\"total-locks\""), "5");
+    assert_eq!(text_after(dom, "id=\"total-waiters\""), "0");
+    assert_eq!(text_after(dom, "id=\"total-nodes\""), "3");
+    assert_eq!(
+        text_after(dom, "id=\"total-shards\""),
+        shards.len().to_string()
+    );
+    for id in 1..=3 {
+        assert_eq!(cell(dom, &format!("data-node=\"{id}\""), "state"), "up");
+    }
+    let leaders: usize = (1..=3)
+        .map(|id| {
+            cell(dom, &format!("data-node=\"{id}\""), "leaders")
+                .parse::<usize>()
+                .unwrap()
+        })
+        .sum();
+    assert_eq!(leaders, shards.len());
+    for s in shards {
+        let row = format!("data-shard=\"{}\"", s.shard_id);
+        assert_eq!(cell(dom, &row, "leader"), s.leader_node_id.to_string());
+        assert_eq!(cell(dom, &row, "epoch"), s.epoch.to_string());
+        assert_eq!(cell(dom, &row, "held"), s.held_locks.to_string());
+        assert_eq!(cell(dom, &row, "waiters"), "0");
+        assert_eq!(cell(dom, &row, "replicas").matches('(').count(), 3);
+    }
+    // acme/page-0: one grant and six refused attempts.
+    assert_eq!(text_after(dom, "data-field=\"resource\""), "acme/page-0");
+    let acquires: u64 = text_after(dom, "data-field=\"acquires\"").parse().unwrap();
+    assert!(acquires >= 7, "{acquires}");
+
+    // The charts: drawn from at least one sampling interval in which
+    // requests were answered; the leader bars add up to every shard.
+    let chart = |id: &str, attr: &str| attribute(dom, &format!("data-chart=\"{id}\""), attr);
+    for id in ["requests", "latency", "locks"] {
+        let points: usize = chart(id, "data-points").parse().unwrap();
+        assert!(points >= 1, "chart {id} has no points:\n{dom}");
+    }
+    let rate: f64 = chart("requests", "data-now").parse().unwrap_or(0.0);
+    let latency_ms: f64 = chart("latency", "data-now").parse().unwrap_or(0.0);
+    assert!(
+        rate > 0.0 && latency_ms > 0.0,
+        "rate {rate}, p99 {latency_ms}"
+    );
+    assert_eq!(chart("locks", "data-now"), "5");
+    assert_eq!(chart("leaders", "data-now"), shards.len().to_string());
+    assert!(dom.matches("<polyline").count() + dom.matches("<circle").count() >= 3);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn status_page_shows_nodes_shards_leaders_locks_and_the_hottest_resource() {
+async fn status_page_renders_the_cluster_and_its_charts_on_the_server_and_refreshes_in_a_browser() {
     let cluster = Cluster::start(3, |c| {
         c.admin_listen_addr = Some("127.0.0.1:0".into());
     })
@@ -115,48 +209,40 @@ async fn status_page_shows_nodes_shards_leaders_locks_and_the_hottest_resource()
     })
     .await;
 
+    // The charts need a sampling interval (2 s) with requests in it and
+    // the locks held: keep answering reads until the newest one shows both.
     let admin_addr = cluster.nodes[&2].admin_addr().unwrap();
+    ops_support::eventually(Duration::from_secs(20), || async {
+        let _ = get(&cluster, 3, "acme/page-1").await;
+        let (code, body) = http_get(admin_addr, "/status.json").await;
+        let v: serde_json::Value = serde_json::from_str(&body).map_err(|e| e.to_string())?;
+        let last = v["series"].as_array().and_then(|s| s.last()).cloned();
+        match last {
+            Some(p)
+                if code == 200
+                    && p["requests_per_s"].as_f64().unwrap_or(0.0) > 0.0
+                    && p["held_locks"] == 5 =>
+            {
+                Ok(())
+            }
+            _ => Err(format!("{code}: {}", v["series"])),
+        }
+    })
+    .await;
+
+    // As curl sees it: no script ran, and everything is there.
+    let (code, page) = http_get(admin_addr, "/").await;
+    assert_eq!(code, 200, "{page}");
+    assert_eq!(text_after(&page, "id=\"refreshes\""), "0");
+    assert!(page.contains("<noscript><meta http-equiv=\"refresh\""));
+    assert_page_shows_the_cluster(&page, &shards);
+
+    // In a browser, the script swaps in fresh copies without an error.
     let url = format!("http://{admin_addr}/");
     let dom = tokio::task::spawn_blocking(move || render(&url))
         .await
         .unwrap();
-
-    assert_eq!(
-        text_after(&dom, "id=\"error\""),
-        "",
-        "the page reported an error"
-    );
-    assert_eq!(text_after(&dom, "id=\"served-by\""), "2");
     let refreshes: u32 = text_after(&dom, "id=\"refreshes\"").parse().unwrap();
     assert!(refreshes >= 2, "the page refreshed {refreshes} times");
-    assert_eq!(text_after(&dom, "id=\"total-locks\""), "5");
-    assert_eq!(text_after(&dom, "id=\"total-waiters\""), "0");
-    assert_eq!(text_after(&dom, "id=\"total-nodes\""), "3");
-    assert_eq!(
-        text_after(&dom, "id=\"total-shards\""),
-        shards.len().to_string()
-    );
-    for id in 1..=3 {
-        assert_eq!(cell(&dom, &format!("data-node=\"{id}\""), "state"), "up");
-    }
-    let leaders: usize = (1..=3)
-        .map(|id| {
-            cell(&dom, &format!("data-node=\"{id}\""), "leaders")
-                .parse::<usize>()
-                .unwrap()
-        })
-        .sum();
-    assert_eq!(leaders, shards.len());
-    for s in &shards {
-        let row = format!("data-shard=\"{}\"", s.shard_id);
-        assert_eq!(cell(&dom, &row, "leader"), s.leader_node_id.to_string());
-        assert_eq!(cell(&dom, &row, "epoch"), s.epoch.to_string());
-        assert_eq!(cell(&dom, &row, "held"), s.held_locks.to_string());
-        assert_eq!(cell(&dom, &row, "waiters"), "0");
-        assert_eq!(cell(&dom, &row, "replicas").matches('(').count(), 3);
-    }
-    // acme/page-0: one grant and six refused attempts.
-    assert_eq!(text_after(&dom, "data-field=\"resource\""), "acme/page-0");
-    let acquires: u64 = text_after(&dom, "data-field=\"acquires\"").parse().unwrap();
-    assert!(acquires >= 7, "{acquires}");
+    assert_page_shows_the_cluster(&dom, &shards);
 }
