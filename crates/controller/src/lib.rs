@@ -1,12 +1,25 @@
-//! The placement controller's protocols, apart from the node that runs them.
+//! The placement controller: the operator actions and the protocols that
+//! change where shards live, apart from the node that runs them. No gRPC:
+//! it reaches the nodes through [`nodes::NodeApi`] (gRPC calls in the
+//! server, `fencelock_server::ops::GrpcNodes`) and answers with
+//! [`ControllerError`].
 //!
+//! * [`ops`] — the operator actions behind `fencelock admin`: replica
+//!   moves, leader transfers, balance, drain and undrain, add node, slot
+//!   moves and splits. Each step observes the cluster and does only what is
+//!   missing; what to move where comes from `fencelock-placement`'s planner.
 //! * [`reshard`] — slot migration and splits: every step idempotent, every
 //!   decision taken from the shards' and the map's replicated state (see
-//!   docs/safety.md, claim 7). It runs over [`reshard::Cluster`]: gRPC calls
-//!   to the nodes in the server (`fencelock_server::ops::Ops`), the simulated
-//!   stores in the deterministic simulation.
-//!
-//! The operator actions that drive replicas and leaders (moves, balance,
-//! drain) still live in the server's `ops.rs`; issue 18 moves them here.
+//!   docs/safety.md, claim 7). It runs over [`reshard::Cluster`]: [`ops::Ops`]
+//!   in the server, the simulated stores in the deterministic simulation.
+//! * [`handoff`] — a stopping node hands its leaderships to serving voters.
+//! * [`nodes`] — the I/O seam: the node-local calls the above are made of.
+//! * [`error`] — [`ControllerError`], with its wire reason and retry advice.
 
+pub mod error;
+pub mod handoff;
+pub mod nodes;
+pub mod ops;
 pub mod reshard;
+
+pub use error::ControllerError;

@@ -25,7 +25,7 @@
 //!   the record [`resume`] finishes from, on any node, any number of times.
 //!
 //! The protocol runs over the [`Cluster`] trait: gRPC calls to the nodes in
-//! production (`fencelock_server::ops::Ops`), the simulated stores in the
+//! production (`crate::ops::Ops` over the server's gRPC node calls), the simulated stores in the
 //! deterministic simulation (`crates/nemesis/tests/sim/reshard.rs`), which
 //! forces the leader changes and lost answers at each step.
 
@@ -36,7 +36,8 @@ use std::sync::Arc;
 use fencelock_api::v1::{ErrorDetail, Reason};
 use fencelock_placement::{Migration, PlacementCommand, PlacementMap};
 use fencelock_statemachine::{Command, Reply, SlotSet};
-use tonic::Status;
+
+use crate::error::{ControllerError, Result};
 
 /// The result of a finished migration.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -53,11 +54,11 @@ pub struct Resharded {
 pub trait Cluster {
     /// Proposes a resharding command to the leader of `shard_id` and
     /// returns the state machine's answer.
-    async fn propose_shard(&self, shard_id: u64, command: Command) -> Result<Reply, Status>;
+    async fn propose_shard(&self, shard_id: u64, command: Command) -> Result<Reply>;
     /// Proposes a placement command; the map right after it applied.
-    async fn propose_meta(&self, command: PlacementCommand) -> Result<Arc<PlacementMap>, Status>;
+    async fn propose_meta(&self, command: PlacementCommand) -> Result<Arc<PlacementMap>>;
     /// The newest placement map reachable.
-    async fn map(&self) -> Result<Arc<PlacementMap>, Status>;
+    async fn map(&self) -> Result<Arc<PlacementMap>>;
     /// Starts `node_id`'s replica of a split's new shard from the shard's
     /// bootstrap snapshot (nothing if it exists).
     async fn start_replica(
@@ -66,7 +67,7 @@ pub trait Cluster {
         shard_id: u64,
         voters: BTreeSet<u64>,
         epoch: u64,
-    ) -> Result<(), Status>;
+    ) -> Result<()>;
     /// The exports every data shard's leader reports as kept, by shard.
     async fn pending_exports(&self) -> BTreeMap<u64, Vec<u64>>;
     /// Waits before try `tries + 1` of a step; false once the step has had
@@ -80,18 +81,30 @@ pub trait Cluster {
 /// Everything else — no leader, a lost answer, a dead node — leaves the
 /// outcome open. A wrong guess here costs only time: no decision is taken
 /// before `CloseMigration` says what the shard did.
-fn refused_by_shard(status: &Status) -> bool {
-    matches!(
-        ErrorDetail::from_status(status).map(|d| d.reason()),
-        Some(Reason::PlacementConflict | Reason::EpochNotMatch)
-    )
+fn refused_by_shard(error: &ControllerError) -> bool {
+    is_answer(error)
+        && matches!(
+            error.reason(),
+            Reason::PlacementConflict | Reason::EpochNotMatch
+        )
 }
 
 /// Whether the placement map applied the command and refused it.
-fn refused_by_map(status: &Status) -> bool {
-    matches!(
-        ErrorDetail::from_status(status).map(|d| d.reason()),
-        Some(Reason::PlacementConflict | Reason::InvalidAdminRequest | Reason::NodeNotFound)
+fn refused_by_map(error: &ControllerError) -> bool {
+    is_answer(error)
+        && matches!(
+            error.reason(),
+            Reason::PlacementConflict | Reason::InvalidAdminRequest | Reason::NodeNotFound
+        )
+}
+
+/// Whether `error` is a typed answer (a node's or the map's refusal), not
+/// a step that ran out of time or a call that broke off: only an answer
+/// says what the cluster did.
+fn is_answer(error: &ControllerError) -> bool {
+    !matches!(
+        error,
+        ControllerError::StepTimedOut { .. } | ControllerError::Unanswered { .. }
     )
 }
 
@@ -101,18 +114,15 @@ fn refused_by_map(status: &Status) -> bool {
 /// Always `OUTCOME_UNKNOWN`, whatever the last attempt's reason: steps
 /// before it may have applied, so the last refusal (`LEADER_UNKNOWN`, say)
 /// must not read as "nothing happened".
-fn unfinished(m: u64, what: &str, last: &Status) -> Status {
-    let last_detail = ErrorDetail::from_status(last);
-    let last_reason = last_detail
-        .as_ref()
-        .map(|d| format!("{:?}: {}", d.reason(), d.message))
-        .unwrap_or_else(|| last.message().to_owned());
+fn unfinished(m: u64, what: &str, last: &ControllerError) -> ControllerError {
+    let last_detail = last.to_detail();
+    let last_reason = format!("{:?}: {}", last_detail.reason(), last_detail.message);
     let which = match m {
         0 => "the migration".to_owned(),
         m => format!("migration {m}"),
     };
     ErrorDetail {
-        shard_id: last_detail.map_or(0, |d| d.shard_id),
+        shard_id: last_detail.shard_id,
         ..ErrorDetail::new(
             Reason::OutcomeUnknown,
             format!(
@@ -122,27 +132,31 @@ fn unfinished(m: u64, what: &str, last: &Status) -> Status {
             ),
         )
     }
-    .to_status()
+    .into()
 }
 
-fn ended(m: u64, how: &str, cause: &Status) -> Status {
-    let mut detail = ErrorDetail::from_status(cause)
-        .unwrap_or_else(|| ErrorDetail::new(Reason::PlacementConflict, cause.message()));
+fn ended(m: u64, how: &str, cause: &ControllerError) -> ControllerError {
+    let mut detail = match cause {
+        ControllerError::Unanswered { .. } => {
+            ErrorDetail::new(Reason::PlacementConflict, cause.to_string())
+        }
+        typed => typed.to_detail(),
+    };
     detail.message = format!("migration {m} {how}: {}", detail.message);
-    detail.to_status()
+    detail.into()
 }
 
-fn unexpected(m: u64, what: &str, reply: &Reply) -> Status {
+fn unexpected(m: u64, what: &str, reply: &Reply) -> ControllerError {
     ErrorDetail::new(
         Reason::Internal,
         format!("migration {m}: {what} answered {reply:?}"),
     )
-    .to_status()
+    .into()
 }
 
 enum Step<T> {
     Done(T),
-    Refused(Status),
+    Refused(ControllerError),
 }
 
 /// Runs one attempt after another until a definite answer or the step's
@@ -151,13 +165,13 @@ async fn settle<C, T, F, Fut>(
     c: &C,
     m: u64,
     what: &str,
-    refused: fn(&Status) -> bool,
+    refused: fn(&ControllerError) -> bool,
     mut attempt: F,
-) -> Result<Step<T>, Status>
+) -> Result<Step<T>>
 where
     C: Cluster,
     F: FnMut() -> Fut,
-    Fut: Future<Output = Result<T, Status>>,
+    Fut: Future<Output = Result<T>>,
 {
     let mut tries = 0;
     loop {
@@ -180,7 +194,7 @@ async fn shard_step<C: Cluster>(
     what: &str,
     shard_id: u64,
     command: Command,
-) -> Result<Step<Reply>, Status> {
+) -> Result<Step<Reply>> {
     settle(c, m, what, refused_by_shard, || {
         c.propose_shard(shard_id, command.clone())
     })
@@ -197,7 +211,7 @@ struct Closed {
 
 /// A shard took part in a later migration, so `m` has ended; the map this
 /// orchestrator read was stale. Nothing is decided from it.
-fn ended_elsewhere(m: u64, shard_id: u64) -> Status {
+fn ended_elsewhere(m: u64, shard_id: u64) -> ControllerError {
     ErrorDetail::new(
         Reason::PlacementConflict,
         format!(
@@ -205,11 +219,11 @@ fn ended_elsewhere(m: u64, shard_id: u64) -> Status {
              nothing was changed for it"
         ),
     )
-    .to_status()
+    .into()
 }
 
 /// Settles migration `m` on `shard_id` and reads what the shard did.
-async fn close<C: Cluster>(c: &C, m: u64, shard_id: u64, slots: SlotSet) -> Result<Closed, Status> {
+async fn close<C: Cluster>(c: &C, m: u64, shard_id: u64, slots: SlotSet) -> Result<Closed> {
     let what = format!("closing it on shard {shard_id}");
     let command = Command::CloseMigration {
         migration_id: m,
@@ -251,7 +265,7 @@ async fn end_in_map<C: Cluster>(
     c: &C,
     m: &Migration,
     command: PlacementCommand,
-) -> Result<Arc<PlacementMap>, Status> {
+) -> Result<Arc<PlacementMap>> {
     let what = format!("{command:?}");
     match settle(c, m.id, &what, refused_by_map, || {
         c.propose_meta(command.clone())
@@ -285,14 +299,14 @@ fn committed(map: &PlacementMap, m: &Migration) -> bool {
 
 /// Starts a split's new shard's replicas (each from the bootstrap snapshot
 /// every replica of it shares). Idempotent.
-async fn start_new_shard<C: Cluster>(c: &C, m: &Migration) -> Result<(), Status> {
+async fn start_new_shard<C: Cluster>(c: &C, m: &Migration) -> Result<()> {
     let map = c.map().await?;
     let Some(shard) = map.shard(m.to_shard).cloned() else {
         return Err(ErrorDetail::new(
             Reason::ShardNotFound,
             format!("migration {}: shard {} is not in the map", m.id, m.to_shard),
         )
-        .to_status());
+        .into());
     };
     for &node_id in &shard.replicas {
         let what = format!("starting shard {}'s replica on node {node_id}", m.to_shard);
@@ -314,7 +328,7 @@ async fn start_new_shard<C: Cluster>(c: &C, m: &Migration) -> Result<(), Status>
 /// Drives the open migration `m` to its end: committed (`Ok`), or rolled
 /// back / aborted (`Err` with the refusal that decided it). An `Err` from a
 /// step that got no definite answer leaves `m` open, to be resumed.
-pub async fn finish<C: Cluster>(c: &C, m: &Migration) -> Result<Resharded, Status> {
+pub async fn finish<C: Cluster>(c: &C, m: &Migration) -> Result<Resharded> {
     let slots: SlotSet = m.slots.iter().copied().collect();
     if m.new_shard {
         start_new_shard(c, m).await?;
@@ -402,7 +416,7 @@ pub async fn finish<C: Cluster>(c: &C, m: &Migration) -> Result<Resharded, Statu
                 m.id
             ),
         )
-        .to_status());
+        .into());
     }
     // 4. The source forgets the export. If this does not get through, the
     // migration is still done; the export is a leftover `resume` drops.
@@ -412,7 +426,7 @@ pub async fn finish<C: Cluster>(c: &C, m: &Migration) -> Result<Resharded, Statu
             migration_id = m.id,
             "migration committed; its export on shard {} stays until the next resume: {}",
             m.from_shard,
-            e.message()
+            e
         );
     }
     Ok(done(m, resources))
@@ -430,12 +444,7 @@ fn done(m: &Migration, resources: u32) -> Resharded {
 /// The source takes back what it exported, at the migration's epoch (the
 /// target is closed without it, so nobody else ever takes that epoch),
 /// forgets the export, and the map records the end.
-async fn roll_back<C: Cluster>(
-    c: &C,
-    m: &Migration,
-    slots: SlotSet,
-    data: Vec<u8>,
-) -> Result<(), Status> {
+async fn roll_back<C: Cluster>(c: &C, m: &Migration, slots: SlotSet, data: Vec<u8>) -> Result<()> {
     let take_back = Command::ImportSlots {
         migration_id: m.id,
         epoch: m.epoch,
@@ -477,7 +486,7 @@ pub async fn move_slots<C: Cluster>(
     from: u64,
     to: u64,
     slots: Vec<u32>,
-) -> Result<Resharded, Status> {
+) -> Result<Resharded> {
     let command = PlacementCommand::BeginMigration {
         from_shard: from,
         to_shard: to,
@@ -490,7 +499,7 @@ pub async fn move_slots<C: Cluster>(
 
 /// Splits: one placement command creates the new shard and opens the
 /// migration to it, then the migration is finished like any other.
-pub async fn split<C: Cluster>(c: &C, from: u64, slots: Vec<u32>) -> Result<Resharded, Status> {
+pub async fn split<C: Cluster>(c: &C, from: u64, slots: Vec<u32>) -> Result<Resharded> {
     let command = PlacementCommand::BeginSplit {
         from_shard: from,
         slots: slots.clone(),
@@ -504,14 +513,14 @@ async fn begin<C: Cluster>(
     c: &C,
     command: PlacementCommand,
     wanted: impl Fn(&Migration) -> bool,
-) -> Result<Migration, Status> {
+) -> Result<Migration> {
     match settle(c, 0, "beginning it", refused_by_map, || {
         c.propose_meta(command.clone())
     })
     .await?
     {
         Step::Done(map) => map.migration().cloned().ok_or_else(|| {
-            ErrorDetail::new(Reason::Internal, "the map opened no migration").to_status()
+            ErrorDetail::new(Reason::Internal, "the map opened no migration").into()
         }),
         Step::Refused(e) => {
             // An earlier attempt may have opened it.
@@ -527,7 +536,7 @@ async fn begin<C: Cluster>(
 /// Finishes the migration the map has open, if any, and then clears the
 /// leftovers of earlier ones: exports a source still keeps for a migration
 /// the map has ended. Returns the open migration's result.
-pub async fn resume<C: Cluster>(c: &C) -> Result<Option<Resharded>, Status> {
+pub async fn resume<C: Cluster>(c: &C) -> Result<Option<Resharded>> {
     let map = c.map().await?;
     let open = map.migration().cloned();
     let finished = match &open {
@@ -547,7 +556,7 @@ pub async fn resume<C: Cluster>(c: &C) -> Result<Option<Resharded>, Status> {
 /// source while the source does not serve them (only an orchestrator from
 /// before these rules could leave that: it aborted a migration whose export
 /// had applied).
-async fn clear_leftovers<C: Cluster>(c: &C, open: Option<u64>) -> Result<(), Status> {
+async fn clear_leftovers<C: Cluster>(c: &C, open: Option<u64>) -> Result<()> {
     for (shard_id, ids) in c.pending_exports().await {
         for id in ids {
             if Some(id) == open {
@@ -591,7 +600,7 @@ async fn take_back_leftover<C: Cluster>(
     id: u64,
     slots: SlotSet,
     map: &PlacementMap,
-) -> Result<(), Status> {
+) -> Result<()> {
     if map.migration().is_some() {
         // A fresh epoch cannot be handed to a shard while a migration is
         // open; the next resume does it.

@@ -14,6 +14,8 @@ use fencelock_placement::{NodeState as PlacedState, META_SHARD_ID, SLOT_COUNT};
 use tonic::{Request, Response, Status};
 
 use crate::errors::ServerError;
+use fencelock_controller::ControllerError;
+
 use crate::ops::Ops;
 
 pub use crate::validate::{DEFAULT_HOT_LIMIT, MAX_HOT_LIMIT};
@@ -40,17 +42,16 @@ impl AdminServiceImpl {
     }
 }
 
-/// An operator action's failure always carries an `ErrorDetail`: a status
-/// without one came from a call to another node that broke off, so what
-/// that node did is unknown ([`fencelock_api::v1::ErrorDetail::or_outcome_unknown`]).
-fn detailed(status: Status) -> Status {
-    fencelock_api::v1::ErrorDetail::or_outcome_unknown(
-        status,
+/// An operator action's failure as the admin API answers it. A call to
+/// another node that broke off leaves what that node did unknown, so the
+/// answer says OUTCOME_UNKNOWN and what to do about it.
+fn detailed(error: ControllerError) -> Status {
+    crate::ops::status_of(error.or_outcome_unknown(
         0,
         "the action may be partly done: look with `fencelock admin shards` and run it again \
          (every step checks what is already done); an interrupted migration is finished by \
          the meta leader on its own",
-    )
+    ))
 }
 
 fn invalid(field: &'static str, reason: impl Into<String>) -> Status {
@@ -67,7 +68,7 @@ impl AdminService for AdminServiceImpl {
         &self,
         _: Request<ListNodesRequest>,
     ) -> Result<Response<ListNodesResponse>, Status> {
-        let map = self.ops.fresh_map().await?;
+        let map = self.ops.fresh_map().await.map_err(detailed)?;
         let statuses = self.ops.statuses(&map).await;
         let nodes = map
             .nodes()
@@ -106,7 +107,7 @@ impl AdminService for AdminServiceImpl {
         // meta replica's, or the last one fetched), else a fresh one.
         let map = match self.ops.router().map() {
             Some(map) => map,
-            None => self.ops.fresh_map().await?,
+            None => self.ops.fresh_map().await.map_err(detailed)?,
         };
         let statuses = self
             .ops
@@ -216,7 +217,7 @@ impl AdminService for AdminServiceImpl {
     ) -> Result<Response<BalanceResponse>, Status> {
         let _turn = self.one_at_a_time.lock().await;
         let moved = self.ops.balance().await.map_err(detailed)?;
-        let map = self.ops.fresh_map().await?;
+        let map = self.ops.fresh_map().await.map_err(detailed)?;
         Ok(Response::new(BalanceResponse {
             map_version: map.version(),
             replicas_moved: moved.replicas,
@@ -247,7 +248,7 @@ impl AdminService for AdminServiceImpl {
             .drain(request.into_inner().node_id)
             .await
             .map_err(detailed)?;
-        let map = self.ops.fresh_map().await?;
+        let map = self.ops.fresh_map().await.map_err(detailed)?;
         Ok(Response::new(DrainNodeResponse {
             map_version: map.version(),
             replicas_moved: moved.replicas,
@@ -299,7 +300,7 @@ impl AdminService for AdminServiceImpl {
                 .unwrap_or_default(),
             None => return Err(invalid("action", "say what to change")),
         };
-        let map = self.ops.fresh_map().await?;
+        let map = self.ops.fresh_map().await.map_err(detailed)?;
         Ok(Response::new(ReshardResponse {
             map_version: map.version(),
             new_shard_id: done.new_shard_id,
@@ -314,7 +315,7 @@ impl AdminService for AdminServiceImpl {
         request: Request<HotResourcesRequest>,
     ) -> Result<Response<HotResourcesResponse>, Status> {
         let limit = crate::validate::hot_limit(request.into_inner().limit)?;
-        let map = self.ops.fresh_map().await?;
+        let map = self.ops.fresh_map().await.map_err(detailed)?;
         let statuses = self.ops.statuses(&map).await;
         let mut resources = Vec::new();
         let mut led = std::collections::BTreeSet::new();

@@ -2,7 +2,8 @@
 //! call does one thing on this node's store (propose to a shard it leads,
 //! change a shard's membership, start or delete a replica) and answers with
 //! a typed error — NOT_LEADER with a hint included — when it cannot. The
-//! orchestration lives in [`crate::ops`].
+//! orchestration lives in `fencelock_controller::ops` (reaching this
+//! service through [`crate::ops::GrpcNodes`]).
 
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};

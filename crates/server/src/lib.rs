@@ -6,8 +6,8 @@
 //! * [`service`] — the public `LockService` over the store, with routing
 //!   and forwarding to shard leaders.
 //! * [`admin`] — the public `AdminService` (`fencelock admin ...`).
-//! * [`ops`] — operator actions: replica moves, leader transfers, balancing,
-//!   draining, resharding, driven over [`control`] calls.
+//! * [`ops`] — the operator actions' gRPC binding: `fencelock-controller`'s
+//!   actions over [`control`] calls to each node (`GrpcNodes`).
 //! * [`control`] — the internal `NodeControl` service: node-local steps.
 //! * [`lifecycle`] — health status, in-flight requests and the graceful
 //!   shutdown sequence.
@@ -50,6 +50,8 @@ pub mod peers;
 /// The migration protocol lives in `fencelock-controller`; re-exported for
 /// the server's callers.
 pub use fencelock_controller::reshard;
+/// The controller's error type, for the server's callers.
+pub use fencelock_controller::ControllerError;
 /// The route table lives in `fencelock-router`; re-exported for the
 /// server's callers.
 pub use fencelock_router as router;

@@ -23,32 +23,22 @@
 //! out of time is logged and the sequence goes on, because an orchestrator
 //! will kill a process that does not exit.
 
-use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use tokio::sync::Notify;
 use tokio::time::Instant;
 use tonic_health::server::HealthReporter;
 use tonic_health::ServingStatus;
 
+use fencelock_controller::handoff::LedShard;
+
 use crate::ops::Ops;
-use crate::router::Router;
 use crate::store::ShardStatus;
 
 /// The gRPC services whose health is reported, besides the node as a whole
 /// (the empty service name).
 pub const HEALTH_SERVICES: &[&str] = &["fencelock.v1.LockService", "fencelock.v1.AdminService"];
-
-/// One leadership transfer may take this long before the next voter is
-/// tried: a transfer completes within an election timeout or not at all.
-const TRANSFER_ATTEMPT_TIMEOUT: Duration = Duration::from_secs(3);
-/// How long a peer's health check may take before it counts as not serving.
-const HEALTH_CHECK_TIMEOUT: Duration = Duration::from_secs(1);
-/// Pause between rounds of handovers: longer than a Raft tick at the
-/// slowest allowed setting would be wasteful; this covers the default.
-const STATUS_SETTLE: Duration = Duration::from_millis(200);
 
 /// See the module docs.
 pub struct Lifecycle {
@@ -147,118 +137,29 @@ impl Lifecycle {
 }
 
 /// Step 2: hands every shard this node leads to another voter that is
-/// serving. Returns the shards still led here when it stops: at `deadline`,
-/// or at once when no other voter serves (the whole cluster is stopping, or
-/// the shard has a single replica), since waiting could not help.
+/// serving ([`fencelock_controller::handoff`]). Returns the shards still
+/// led here when it stops (at `deadline`, or when no other voter serves).
 pub async fn move_leaderships_away(
     node_id: u64,
     status: &Mutex<Vec<ShardStatus>>,
     ops: &Ops,
-    router: &Router,
     deadline: Instant,
 ) -> Vec<u64> {
-    let led_here = || -> Vec<ShardStatus> {
+    let led_here = || -> Vec<LedShard> {
         status
             .lock()
             .map(|s| {
                 s.iter()
                     .filter(|r| r.leader_id == node_id)
-                    .cloned()
+                    .map(|r| LedShard {
+                        shard_id: r.shard_id,
+                        voters: r.voters.clone(),
+                    })
                     .collect()
             })
             .unwrap_or_default()
     };
-    loop {
-        let led = led_here();
-        if led.is_empty() || Instant::now() >= deadline {
-            return led.iter().map(|r| r.shard_id).collect();
-        }
-        let candidates: BTreeSet<u64> = led
-            .iter()
-            .flat_map(|r| r.voters.iter().copied())
-            .filter(|v| *v != node_id)
-            .collect();
-        let checks = candidates
-            .iter()
-            .map(|n| async move { (*n, serving(router, ops.peer_tls(), *n).await) });
-        let serving_nodes: BTreeSet<u64> = crate::ops::join_all(checks)
-            .await
-            .into_iter()
-            .filter_map(|(n, ok)| ok.then_some(n))
-            .collect();
-        let plans: Vec<(u64, Vec<u64>)> = led
-            .iter()
-            .filter_map(|r| {
-                // Spread the shards over the other serving voters (by shard
-                // id), then fall back to the rest in order.
-                let mut to: Vec<u64> = r
-                    .voters
-                    .iter()
-                    .copied()
-                    .filter(|v| serving_nodes.contains(v))
-                    .collect();
-                if to.is_empty() {
-                    return None;
-                }
-                let first = (r.shard_id as usize) % to.len();
-                to.rotate_left(first);
-                Some((r.shard_id, to))
-            })
-            .collect();
-        if plans.is_empty() {
-            return led.iter().map(|r| r.shard_id).collect();
-        }
-        let moves = plans.iter().map(|(shard_id, targets)| async move {
-            for &to in targets {
-                let attempt = ops.transfer_leader(*shard_id, to);
-                match tokio::time::timeout(TRANSFER_ATTEMPT_TIMEOUT, attempt).await {
-                    Ok(Ok(_)) => {
-                        tracing::info!(shard_id, to, "leadership handed over");
-                        return;
-                    }
-                    Ok(Err(e)) => {
-                        tracing::warn!(shard_id, to, "leader transfer failed: {}", e.message())
-                    }
-                    Err(_) => tracing::warn!(shard_id, to, "leader transfer timed out"),
-                }
-                if Instant::now() >= deadline {
-                    return;
-                }
-            }
-        });
-        let all = crate::ops::join_all(moves);
-        let _ = tokio::time::timeout_at(deadline, all).await;
-        // This node publishes its status once per Raft tick: give the
-        // handovers time to show before looking again.
-        tokio::time::sleep(STATUS_SETTLE).await;
-    }
-}
-
-/// Whether node `node_id` reports SERVING on its gRPC health service (a
-/// node that is itself draining, or does not answer in time, does not).
-async fn serving(router: &Router, tls: &crate::security::PeerTls, node_id: u64) -> bool {
-    use tonic_health::pb::health_check_response::ServingStatus as Wire;
-    use tonic_health::pb::health_client::HealthClient;
-    let Some(addr) = router.node_addr(node_id) else {
-        return false;
-    };
-    let Ok(endpoint) = tls.endpoint(&addr) else {
-        return false;
-    };
-    let check = async {
-        let channel = endpoint.connect().await.ok()?;
-        let reply = HealthClient::new(channel)
-            .check(tonic_health::pb::HealthCheckRequest {
-                service: String::new(),
-            })
-            .await
-            .ok()?;
-        Some(reply.into_inner().status() == Wire::Serving)
-    };
-    matches!(
-        tokio::time::timeout(HEALTH_CHECK_TIMEOUT, check).await,
-        Ok(Some(true))
-    )
+    fencelock_controller::handoff::move_leaderships_away(node_id, led_here, ops, deadline).await
 }
 
 /// The shared handle the service and node keep.

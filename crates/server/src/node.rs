@@ -215,7 +215,7 @@ async fn watch_migrations(
                 "finished a migration left open"
             ),
             Ok(None) => {}
-            Err(e) => tracing::warn!("resuming resharding: {}", e.message()),
+            Err(e) => tracing::warn!("resuming resharding: {e}"),
         }
         open_before = router.map().and_then(|m| m.migration().map(|m| m.id));
     }
@@ -280,7 +280,8 @@ async fn advance_low_epochs(
         let result = async {
             let advanced = ops
                 .propose_meta(fencelock_placement::PlacementCommand::AdvanceEpoch { shard_id })
-                .await?;
+                .await
+                .map_err(crate::ops::status_of)?;
             let (tx, rx) = oneshot::channel();
             let epoch = advanced.epoch;
             store_tx
@@ -418,7 +419,7 @@ impl Node {
             status.clone(),
             metrics.clone(),
         );
-        let ops = crate::ops::Ops::new(
+        let ops = crate::ops::new(
             router.clone(),
             peers.clone(),
             config.raft.clock_offset_allowance_ms,
@@ -594,7 +595,6 @@ impl Node {
             self.node_id,
             &self.status,
             &self.ops,
-            &self.router,
             deadline,
         )
         .await;

@@ -14,12 +14,13 @@ use std::future::Future;
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 
-use fencelock_api::v1::{ErrorDetail, Reason};
+use fencelock_api::v1::Reason;
 use fencelock_controller::reshard::{self, Cluster, Resharded};
 use fencelock_placement::{PlacementCommand, PlacementMap, META_SHARD_ID};
 use fencelock_server::errors::ServerError;
 use fencelock_server::store::StoreError;
 use fencelock_server::store::{PeerInit, Responder, ShardStatus, StoreMsg};
+use fencelock_server::ControllerError;
 use fencelock_statemachine::{
     slot_of, AcquireStatus, Command, LeaseId, LockError, Owner, Reply, RequestId, ResourceName,
 };
@@ -27,7 +28,6 @@ use rand::rngs::StdRng;
 use rand::SeedableRng;
 use tokio::sync::oneshot;
 use tokio::sync::oneshot::error::TryRecvError;
-use tonic::Status;
 
 use super::world::{Ev, World, NODES};
 
@@ -160,12 +160,18 @@ pub struct SimCluster<'w> {
     pub log: RefCell<Vec<String>>,
 }
 
-fn transport_error() -> Status {
-    // What tonic reports when the node serving the call goes away.
-    Status::unknown("transport error")
+fn transport_error() -> ControllerError {
+    // What the gRPC node calls report when the node serving the call goes
+    // away (tonic's UNKNOWN "transport error", decoded; which node it was
+    // does not matter here).
+    ControllerError::Unanswered {
+        node_id: 0,
+        message: "Unknown: transport error".into(),
+        retriable: false,
+    }
 }
 
-fn outcome_unknown(shard_id: u64) -> Status {
+fn outcome_unknown(shard_id: u64) -> ControllerError {
     wire(StoreError::OutcomeUnknown { shard_id })
 }
 
@@ -229,7 +235,7 @@ impl<'w> SimCluster<'w> {
         msg: StoreMsg,
         mut rx: oneshot::Receiver<Result<T, StoreError>>,
         copy: impl FnOnce() -> StoreMsg,
-    ) -> Result<T, Status> {
+    ) -> Result<T, ControllerError> {
         let mut world = self.world.borrow_mut();
         let Some(leader) = world.leaders().get(&shard_id).copied() else {
             return Err(wire(StoreError::LeaderUnknown { shard_id }));
@@ -322,7 +328,11 @@ impl<'w> SimCluster<'w> {
 }
 
 impl Cluster for SimCluster<'_> {
-    async fn propose_shard(&self, shard_id: u64, command: Command) -> Result<Reply, Status> {
+    async fn propose_shard(
+        &self,
+        shard_id: u64,
+        command: Command,
+    ) -> Result<Reply, ControllerError> {
         if self.dead.get() {
             return Err(transport_error());
         }
@@ -352,13 +362,16 @@ impl Cluster for SimCluster<'_> {
             short(&command),
             match &answer {
                 Ok(r) => short_reply(r),
-                Err(e) => e.message().to_owned(),
+                Err(e) => e.to_string(),
             }
         ));
         answer
     }
 
-    async fn propose_meta(&self, command: PlacementCommand) -> Result<Arc<PlacementMap>, Status> {
+    async fn propose_meta(
+        &self,
+        command: PlacementCommand,
+    ) -> Result<Arc<PlacementMap>, ControllerError> {
         if self.dead.get() {
             return Err(transport_error());
         }
@@ -388,13 +401,13 @@ impl Cluster for SimCluster<'_> {
             "map {command:?}: {}",
             match &answer {
                 Ok(map) => format!("ok, version {}", map.version()),
-                Err(e) => e.message().to_owned(),
+                Err(e) => e.to_string(),
             }
         ));
         answer
     }
 
-    async fn map(&self) -> Result<Arc<PlacementMap>, Status> {
+    async fn map(&self) -> Result<Arc<PlacementMap>, ControllerError> {
         if self.dead.get() {
             return Err(transport_error());
         }
@@ -410,7 +423,7 @@ impl Cluster for SimCluster<'_> {
         shard_id: u64,
         voters: BTreeSet<u64>,
         epoch: u64,
-    ) -> Result<(), Status> {
+    ) -> Result<(), ControllerError> {
         if self.dead.get() {
             return Err(transport_error());
         }
@@ -683,7 +696,7 @@ fn slots_of(held: &[Held]) -> Vec<u32> {
 /// What one forced run produced.
 pub struct Moved {
     /// The orchestrator's own result.
-    pub result: Result<Resharded, Status>,
+    pub result: Result<Resharded, ControllerError>,
     /// The shard's status under the next leader, after a forced death.
     pub after_fate: Option<ShardStatus>,
 }
@@ -708,8 +721,8 @@ pub fn move_with(seed: u64, at: At, fate: Fate) -> Moved {
     Moved { result, after_fate }
 }
 
-fn is_reason(status: &Status, reason: Reason) -> bool {
-    ErrorDetail::from_status(status).is_some_and(|d| d.reason() == reason)
+fn is_reason(error: &ControllerError, reason: Reason) -> bool {
+    error.detail().is_some_and(|d| d.reason() == reason)
 }
 
 // ----- the interleavings -----
@@ -850,15 +863,22 @@ impl<'a, 'w> ArmAfter<'a, 'w> {
 }
 
 impl Cluster for ArmAfter<'_, '_> {
-    async fn propose_shard(&self, shard_id: u64, command: Command) -> Result<Reply, Status> {
+    async fn propose_shard(
+        &self,
+        shard_id: u64,
+        command: Command,
+    ) -> Result<Reply, ControllerError> {
         self.arm();
         self.inner.propose_shard(shard_id, command).await
     }
-    async fn propose_meta(&self, command: PlacementCommand) -> Result<Arc<PlacementMap>, Status> {
+    async fn propose_meta(
+        &self,
+        command: PlacementCommand,
+    ) -> Result<Arc<PlacementMap>, ControllerError> {
         self.arm();
         self.inner.propose_meta(command).await
     }
-    async fn map(&self) -> Result<Arc<PlacementMap>, Status> {
+    async fn map(&self) -> Result<Arc<PlacementMap>, ControllerError> {
         self.inner.map().await
     }
     async fn start_replica(
@@ -867,7 +887,7 @@ impl Cluster for ArmAfter<'_, '_> {
         shard_id: u64,
         voters: BTreeSet<u64>,
         epoch: u64,
-    ) -> Result<(), Status> {
+    ) -> Result<(), ControllerError> {
         self.inner
             .start_replica(node_id, shard_id, voters, epoch)
             .await
@@ -1026,7 +1046,8 @@ fn a_split_interrupted_at_any_step_is_finished_by_resume() {
     }
 }
 
-/// A store error as the gRPC edge answers it (the server's mapping).
-fn wire(e: StoreError) -> Status {
-    ServerError::from(e).into()
+/// A store error as a node's gRPC edge answers it (the server's mapping),
+/// decoded as the controller's node calls decode it.
+fn wire(e: StoreError) -> ControllerError {
+    ServerError::from(e).to_detail().into()
 }

@@ -55,6 +55,33 @@ fn the_state_machine_placement_storage_router_and_store_loop_never_depend_on_grp
     }
 }
 
+/// The controller speaks to nodes through its `NodeApi` trait: gRPC is the
+/// server's business. (It still reaches tonic through `fencelock-api`'s
+/// generated services; its own manifest names no gRPC, HTTP or TLS crate.)
+#[test]
+fn the_controller_uses_no_grpc_of_its_own() {
+    let direct: BTreeSet<String> = cargo_tree(&[
+        "-p",
+        "fencelock-controller",
+        "-e",
+        "normal",
+        "--depth",
+        "1",
+        "-f",
+        "{p}",
+    ])
+    .lines()
+    .filter_map(|l| l.split_whitespace().next())
+    .map(str::to_owned)
+    .collect();
+    assert!(
+        direct.contains("fencelock-api"),
+        "read the tree: {direct:?}"
+    );
+    let edge: Vec<&&str> = EDGE_ONLY.iter().filter(|e| direct.contains(**e)).collect();
+    assert!(edge.is_empty(), "fencelock-controller depends on {edge:?}");
+}
+
 #[test]
 fn the_crate_dependencies_only_point_down() {
     // Each crate, and the workspace crates it may build on.
@@ -73,6 +100,15 @@ fn the_crate_dependencies_only_point_down() {
                 "fencelock-placement",
                 "fencelock-storage",
                 "fencelock-router",
+            ],
+        ),
+        (
+            "fencelock-controller",
+            &[
+                "fencelock-statemachine",
+                "fencelock-placement",
+                "fencelock-router",
+                "fencelock-api",
             ],
         ),
     ];

@@ -5,8 +5,8 @@
 //! One test binary per kind (each links RocksDB): grouping keeps `make test`'s
 //! build and link time down. A module per former test file.
 
-#[path = "../common/mod.rs"]
-mod common;
+/// The shared test support (crates/testkit), under the name the modules use.
+use fencelock_testkit as common;
 
 mod architecture;
 mod client_lib;

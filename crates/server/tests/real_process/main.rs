@@ -4,10 +4,9 @@
 //! One test binary per kind (each links RocksDB): grouping keeps `make test`'s
 //! build and link time down. A module per former test file.
 
-#[path = "../common/mod.rs"]
-mod common;
-#[path = "../ops_support/mod.rs"]
-mod ops_support;
+/// The shared test support (crates/testkit), under the name the modules use.
+use fencelock_testkit as common;
+use fencelock_testkit::ops as ops_support;
 
 mod admin_cli;
 mod cli_lock;

@@ -14,28 +14,21 @@ use std::time::Duration;
 
 use common::{acquire, acquire_req, get, Cluster};
 use fencelock_api::v1::ListShardsRequest;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// Virtual time Chromium gives the page's script: long enough for
 /// several refreshes at the page's 2 s interval.
 const PAGE_TIME_BUDGET_MS: u64 = 7_000;
 
-/// The body of `GET path` over plain HTTP/1.1, as curl would fetch it.
+/// `GET path` over plain HTTP/1.1, as curl fetches it: (code, body).
 async fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
-    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
-    stream.write_all(request.as_bytes()).await.unwrap();
-    let mut answer = String::new();
-    stream.read_to_string(&mut answer).await.unwrap();
-    let (head, body) = answer.split_once("\r\n\r\n").expect("an HTTP answer");
+    let (code, head, body) = ops_support::http_get(addr, path).await;
     assert!(
         !head
             .to_ascii_lowercase()
             .contains("transfer-encoding: chunked"),
         "expected a sized body: {head}"
     );
-    let code = head.split(' ').nth(1).unwrap().parse().unwrap();
-    (code, body.to_owned())
+    (code, body)
 }
 
 /// The page's DOM after its script ran, as Chromium serialized it.

@@ -1,6 +1,5 @@
 //! Helpers for the operations tests: a plain HTTP GET against the admin
-//! port, and reading the Prometheus text format.
-#![allow(dead_code)]
+//! port, reading the Prometheus text format, and waiting for a condition.
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
