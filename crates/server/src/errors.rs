@@ -183,7 +183,8 @@ impl ServerError {
             ServerError::RateLimited { .. } => Reason::RateLimited,
             ServerError::ShardNotHere { .. } => Reason::ShardNotFound,
             ServerError::Routing(_) => Reason::EpochNotMatch,
-            ServerError::Placement(e) => placement_reason(e),
+            // One mapping for every placement refusal: the controller's.
+            ServerError::Placement(e) => fencelock_controller::error::placement_reason(e),
         }
     }
 
@@ -274,25 +275,6 @@ impl ServerError {
             | ServerError::WaitCancelled
             | ServerError::PermissionDenied(_) => base,
         }
-    }
-}
-
-fn placement_reason(error: &fencelock_placement::PlacementError) -> Reason {
-    use fencelock_placement::PlacementError as E;
-    match error {
-        E::UnknownNode { .. } => Reason::NodeNotFound,
-        E::UnknownShard { .. } => Reason::ShardNotFound,
-        E::InvalidNodeId { .. }
-        | E::InvalidAddr { .. }
-        | E::InvalidSlotCount { .. }
-        | E::SlotOutOfRange { .. }
-        | E::SlotsNotSorted { .. }
-        | E::SameShard { .. }
-        | E::NotADataShard { .. }
-        | E::NoReplicas
-        | E::InvalidShardCount { .. }
-        | E::InvalidReplicationFactor { .. } => Reason::InvalidAdminRequest,
-        _ => Reason::PlacementConflict,
     }
 }
 
