@@ -105,7 +105,7 @@ FUZZ_TARGET ?= all
 FUZZ_ARGS ?=
 FUZZ_WORK ?= $(CARGO_TARGET_DIR)/fuzz-corpus
 FUZZ_ALL := command_decode snapshot_decode export_import placement_decode \
-	lock_table_apply placement_apply api_requests
+	lock_table_apply placement_apply api_requests log_payload raft_batch
 fuzz_comma := ,
 FUZZ_SELECTED = $(if $(filter all,$(FUZZ_TARGET)),$(FUZZ_ALL),$(subst $(fuzz_comma), ,$(FUZZ_TARGET)))
 .PHONY: fuzz

@@ -16,10 +16,11 @@
 //!   (`fuzz/corpus/<target>/`) plus a fixed number of seeded random and
 //!   mutated inputs, on stable Rust, in `make test`.
 //!
-//! Targets on server-side code (request validation as `service.rs` does it,
-//! log payload and shard snapshot envelopes, Raft message batches) live in
-//! `crates/server/tests/fuzz_smoke.rs` and use this crate's driver: the
-//! server crate links RocksDB, which the coverage-guided build leaves out.
+//! The one target on server-side code (request validation as `service.rs`
+//! does it) lives in `crates/server/tests/fuzz_smoke.rs` and uses this
+//! crate's driver: the server crate links RocksDB, which the coverage-guided
+//! build leaves out. The store's codecs (entry payloads, snapshot data,
+//! the transport's Raft batches) are pure and are targets here ([`store`]).
 //!
 //! See `docs/testing.md`, "Fuzzing".
 
@@ -30,6 +31,7 @@ pub mod placement_apply;
 pub mod requests;
 pub mod seeds;
 pub mod smoke;
+pub mod store;
 
 /// A fuzz target: name (also its corpus directory and `cargo fuzz` binary)
 /// and the function.
@@ -78,6 +80,16 @@ pub const TARGETS: &[Target] = &[
     Target {
         name: "api_requests",
         run: requests::api_requests,
+        smoke_iterations: DECODER_SMOKE,
+    },
+    Target {
+        name: "log_payload",
+        run: store::log_payload,
+        smoke_iterations: DECODER_SMOKE,
+    },
+    Target {
+        name: "raft_batch",
+        run: store::raft_batch,
         smoke_iterations: DECODER_SMOKE,
     },
 ];

@@ -277,7 +277,7 @@ fn placement_commands() -> Vec<PlacementCommand> {
     ]
 }
 
-fn with_selector(selector: u8, bytes: Vec<u8>) -> Vec<u8> {
+pub(crate) fn with_selector(selector: u8, bytes: Vec<u8>) -> Vec<u8> {
     let mut out = vec![selector];
     out.extend(bytes);
     out
@@ -431,6 +431,8 @@ pub fn for_target(name: &str) -> Seeds {
         "lock_table_apply" => lock_table_apply(),
         "placement_apply" => placement_apply(),
         "api_requests" => api_requests(),
+        "log_payload" => crate::store::log_payload_seeds(),
+        "raft_batch" => crate::store::raft_batch_seeds(),
         _ => Vec::new(),
     }
 }

@@ -41,7 +41,8 @@
 //! * [`membership`] — bootstrap, creating and destroying replicas,
 //!   configuration changes.
 //! * [`snapshot`] and [`compaction`] — state-machine snapshots, when and how.
-//! * [`payload`] — the entry payload and snapshot codecs.
+//! * [`payload`] — the entry payload and snapshot codecs (`fencelock-codec`,
+//!   a pure crate of their own so the fuzzer reaches them).
 //! * [`io`] — the seams: engine, [`PeerSink`], [`Clock`].
 //! * [`config`], [`error`], [`metrics`], [`audit`], [`observe`], [`hot`] —
 //!   the loop's configuration, error type, metrics, audit log, what it
@@ -58,7 +59,8 @@ mod membership;
 pub mod metrics;
 mod msg;
 mod observe;
-mod payload;
+/// The entry payload and snapshot codecs live in `fencelock-codec`.
+pub use fencelock_codec as payload;
 mod propose;
 mod ready;
 mod replica;

@@ -1,19 +1,14 @@
-//! Fuzz smoke of the server-side decoders and request checks, run by
-//! `make test` with the driver of `fencelock_fuzz_targets::smoke` (corpus
-//! in `fuzz/corpus/<target>/`, then seeded random and mutated inputs):
+//! Fuzz smoke of the server's request checks, run by `make test` with the
+//! driver of `fencelock_fuzz_targets::smoke` (corpus in
+//! `fuzz/corpus/server_requests/`, then seeded random and mutated inputs):
+//! each public request message decoded from bytes, then the server's own
+//! checks (`fencelock_server::validate`) and, for a refusal, the gRPC status
+//! and HTTP response the caller would get.
 //!
-//! * `server_requests` — each public request message decoded from bytes,
-//!   then the server's own checks (`fencelock_server::validate`) and, for
-//!   a refusal, the gRPC status and HTTP response the caller would get;
-//! * `log_payload` — Raft entry payloads and shard snapshot data
-//!   (`store::decode_payload`, `store::decode_state`): canonical when they
-//!   decode;
-//! * `raft_batch` — the peer transport's batches (`RaftBatch` of
-//!   `RaftEnvelope`s, each a raft-rs message).
-//!
-//! These need the server crate (and so RocksDB), which the coverage-guided
-//! build in `fuzz/` leaves out; it fuzzes the codecs underneath them (lock
-//! and placement commands, snapshots, API messages) instead.
+//! It needs the server crate (and so RocksDB), which the coverage-guided
+//! build in `fuzz/` leaves out; it fuzzes the decoders underneath (API
+//! messages) instead. The store's codecs, once here, are pure and live in
+//! `crates/fuzz-targets` (`log_payload`, `raft_batch`).
 
 use fencelock_api::v1::{
     reshard_request, AcquireRequest, AddNodeRequest, GetRequest, HotResourcesRequest,
@@ -21,17 +16,9 @@ use fencelock_api::v1::{
 };
 use fencelock_fuzz_targets::requests::{decode, REQUEST_TYPES};
 use fencelock_fuzz_targets::{seeds, smoke};
-use fencelock_placement::{PlacementCommand, PlacementMap};
 use fencelock_server::errors::ServerError;
-use fencelock_server::internal::{RaftBatch, RaftEnvelope};
-use fencelock_server::store::{
-    decode_payload, decode_state, encode_payload, encode_payload_at_epoch, encode_state, Payload,
-};
 use fencelock_server::validate;
-use fencelock_statemachine::{Limits, LockTable, SlotSet};
 use prost::Message as _;
-use protobuf::Message as _;
-use raft::prelude::{ConfState, Entry, EntryType, Message, MessageType, Snapshot};
 
 /// Generated inputs per target (each target takes well under a second).
 const ITERATIONS: usize = 100_000;
@@ -121,190 +108,12 @@ fn server_requests(data: &[u8]) {
     }
 }
 
-/// Even first byte: an entry payload; odd: shard snapshot data.
-fn log_payload(data: &[u8]) {
-    let Some((&which, bytes)) = data.split_first() else {
-        return;
-    };
-    if which.is_multiple_of(2) {
-        if let Ok((now_ms, payload)) = decode_payload(bytes) {
-            let again = match &payload {
-                Payload::Locks(commands) => encode_payload(now_ms, commands),
-                Payload::LocksAtEpoch { epoch, commands } => {
-                    encode_payload_at_epoch(now_ms, *epoch, commands)
-                }
-                Payload::Placement(commands) => placement_payload(now_ms, commands),
-            };
-            assert_eq!(again, bytes, "non-canonical payload");
-        }
-    } else if let Ok((table, map)) = decode_state(bytes) {
-        if let Err(broken) = table.check_invariants() {
-            panic!("restored table breaks an invariant: {broken}");
-        }
-        assert_eq!(
-            encode_state(&table, map.as_ref()),
-            bytes,
-            "non-canonical state"
-        );
-    }
-}
-
-/// What the transport's receiving side does with a batch.
-fn raft_batch(data: &[u8]) {
-    let Ok(batch) = RaftBatch::decode(data) else {
-        return;
-    };
-    for envelope in &batch.messages {
-        if let Ok(msg) = Message::parse_from_bytes(&envelope.message) {
-            let again = msg.write_to_bytes().expect("a parsed message encodes");
-            let back = Message::parse_from_bytes(&again).expect("re-encoded message parses");
-            assert_eq!(back, msg, "raft message does not round-trip");
-        }
-    }
-}
-
-fn with_selector(selector: u8, bytes: Vec<u8>) -> Vec<u8> {
-    let mut out = vec![selector];
-    out.extend(bytes);
-    out
-}
-
-fn map() -> PlacementMap {
-    let nodes: Vec<(u64, String)> = (1..=3).map(|i| (i, format!("node-{i}:7000"))).collect();
-    PlacementMap::bootstrap(&nodes, 4, 3).expect("valid bootstrap")
-}
-
-/// A placement payload as the store writes it (version 2, time stamp,
-/// count, then each command with its length).
-fn placement_payload(now_ms: u64, commands: &[PlacementCommand]) -> Vec<u8> {
-    let mut out = vec![2];
-    out.extend_from_slice(&now_ms.to_be_bytes());
-    out.extend_from_slice(&(commands.len() as u32).to_be_bytes());
-    for c in commands {
-        let bytes = c.encode();
-        out.extend_from_slice(&(bytes.len() as u32).to_be_bytes());
-        out.extend_from_slice(&bytes);
-    }
-    out
-}
-
-fn log_payload_seeds() -> seeds::Seeds {
-    let commands = seeds::commands();
-    let table = seeds::busy_table();
-    let bootstrap = LockTable::bootstrap(Limits::default(), SlotSet::EMPTY, 1, 1).expect("limits");
-    vec![
-        (
-            "payload-locks.bin".into(),
-            with_selector(0, encode_payload(1_700_000_000_000, &commands)),
-        ),
-        (
-            "payload-one.bin".into(),
-            with_selector(0, encode_payload(5, &commands[1..2])),
-        ),
-        (
-            "payload-placement.bin".into(),
-            with_selector(
-                0,
-                placement_payload(
-                    7,
-                    &[
-                        PlacementCommand::AddNode {
-                            node_id: 4,
-                            addr: "10.0.0.4:7000".into(),
-                        },
-                        PlacementCommand::AdvanceEpoch { shard_id: 2 },
-                    ],
-                ),
-            ),
-        ),
-        (
-            "state-busy.bin".into(),
-            with_selector(1, encode_state(&table, None)),
-        ),
-        (
-            "state-meta.bin".into(),
-            with_selector(1, encode_state(&bootstrap, Some(&map()))),
-        ),
-    ]
-}
-
-fn raft_message(kind: MessageType, entries: usize, snapshot: bool) -> Vec<u8> {
-    let mut m = Message::default();
-    m.set_msg_type(kind);
-    m.set_from(1);
-    m.set_to(2);
-    m.set_term(3);
-    m.set_log_term(3);
-    m.set_index(10);
-    m.set_commit(9);
-    let batch: Vec<Entry> = (0..entries)
-        .map(|i| {
-            let mut e = Entry::default();
-            e.set_entry_type(EntryType::EntryNormal);
-            e.set_term(3);
-            e.set_index(11 + i as u64);
-            e.set_data(encode_payload(1_700_000_000_000, &seeds::commands()[..2]).into());
-            e
-        })
-        .collect();
-    m.set_entries(batch.into());
-    if snapshot {
-        let mut s = Snapshot::default();
-        s.set_data(encode_state(&seeds::busy_table(), None).into());
-        let meta = s.mut_metadata();
-        meta.set_index(9);
-        meta.set_term(3);
-        let mut conf = ConfState::default();
-        conf.set_voters(vec![1, 2, 3]);
-        meta.set_conf_state(conf);
-        m.set_snapshot(s);
-    }
-    m.write_to_bytes().expect("message encodes")
-}
-
-fn raft_batch_seeds() -> seeds::Seeds {
-    let batch = |messages: Vec<(u64, Vec<u8>)>| {
-        RaftBatch {
-            from_node: 1,
-            messages: messages
-                .into_iter()
-                .map(|(shard_id, message)| RaftEnvelope { shard_id, message })
-                .collect(),
-        }
-        .encode_to_vec()
-    };
-    vec![
-        (
-            "append.bin".into(),
-            batch(vec![
-                (1, raft_message(MessageType::MsgAppend, 2, false)),
-                (2, raft_message(MessageType::MsgHeartbeat, 0, false)),
-            ]),
-        ),
-        (
-            "snapshot.bin".into(),
-            batch(vec![(3, raft_message(MessageType::MsgSnapshot, 0, true))]),
-        ),
-        (
-            "votes.bin".into(),
-            batch(vec![
-                (0, raft_message(MessageType::MsgRequestVote, 0, false)),
-                (1, raft_message(MessageType::MsgAppendResponse, 0, false)),
-            ]),
-        ),
-    ]
-}
-
 /// Name (and corpus directory), function, seeds.
 type Target = (&'static str, fn(&[u8]), seeds::Seeds);
 
 #[test]
 fn server_side_targets_survive_their_corpus_and_generated_inputs() {
-    let targets: [Target; 3] = [
-        ("server_requests", server_requests, seeds::api_requests()),
-        ("log_payload", log_payload, log_payload_seeds()),
-        ("raft_batch", raft_batch, raft_batch_seeds()),
-    ];
+    let targets: [Target; 1] = [("server_requests", server_requests, seeds::api_requests())];
     for (name, run, seeds) in targets {
         let report = smoke::run(name, run, &seeds, ITERATIONS);
         eprintln!(

@@ -45,6 +45,7 @@ fn the_state_machine_placement_storage_router_and_store_loop_never_depend_on_grp
     for krate in [
         "fencelock-statemachine",
         "fencelock-placement",
+        "fencelock-codec",
         "fencelock-storage",
         "fencelock-router",
         "fencelock-multiraft",
@@ -88,6 +89,10 @@ fn the_crate_dependencies_only_point_down() {
     let allowed: &[(&str, &[&str])] = &[
         ("fencelock-statemachine", &[]),
         ("fencelock-placement", &["fencelock-statemachine"]),
+        (
+            "fencelock-codec",
+            &["fencelock-statemachine", "fencelock-placement"],
+        ),
         ("fencelock-storage", &[]),
         (
             "fencelock-router",
@@ -98,6 +103,7 @@ fn the_crate_dependencies_only_point_down() {
             &[
                 "fencelock-statemachine",
                 "fencelock-placement",
+                "fencelock-codec",
                 "fencelock-storage",
                 "fencelock-router",
             ],

@@ -1,4 +1,7 @@
 //! Bytes the store writes into Raft: entry payloads and snapshot data.
+//! (A crate of its own, pure like the state machine and placement it
+//! encodes, so the coverage-guided fuzzer reaches it without RocksDB; the
+//! store loop, `fencelock-multiraft`, is its one writer.)
 //!
 //! An entry payload starts with a version byte that also says what it
 //! carries: lock commands for the shard's [`LockTable`] (version 1),
