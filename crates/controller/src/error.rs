@@ -8,9 +8,10 @@ use std::time::Duration;
 use fencelock_api::v1::{ErrorDetail, Reason, RetryPolicy};
 use fencelock_placement::PlacementError;
 
-/// How long a client waits before retrying an action that found no leader
-/// or a step that ran out of time (an election, a move, settling).
-pub const CONTROLLER_RETRY_AFTER_MS: u64 = 1_000;
+/// How long a client waits before retrying an action that found no leader,
+/// a step that ran out of time or an internal failure: the same 100 ms the
+/// server's own LEADER_UNKNOWN and INTERNAL answers advise.
+pub const CONTROLLER_RETRY_AFTER_MS: u64 = 100;
 
 /// Why an operator action or a migration step did not complete.
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
@@ -88,9 +89,11 @@ impl ControllerError {
                 retry_after_ms: CONTROLLER_RETRY_AFTER_MS,
                 ..base
             },
-            ControllerError::Placement(_)
-            | ControllerError::Unanswered { .. }
-            | ControllerError::Internal(_) => base,
+            ControllerError::Internal(_) => ErrorDetail {
+                retry_after_ms: CONTROLLER_RETRY_AFTER_MS,
+                ..base
+            },
+            ControllerError::Placement(_) | ControllerError::Unanswered { .. } => base,
         }
     }
 
@@ -106,18 +109,21 @@ impl ControllerError {
     /// moving, a node restarting, a queue full, a shard not started yet.
     pub fn is_retriable(&self) -> bool {
         match self {
-            ControllerError::Detailed(d) => matches!(
-                d.reason(),
-                Reason::NotLeader
-                    | Reason::LeaderUnknown
-                    | Reason::LeaderNotReady
-                    | Reason::NoQuorum
-                    | Reason::ServerBusy
-                    | Reason::ShuttingDown
-                    | Reason::ShardNotFound
-            ),
             ControllerError::Unanswered { retriable, .. } => *retriable,
-            _ => false,
+            // By reason, whoever said it: a node's LEADER_UNKNOWN and the
+            // controller's own are the same answer.
+            typed => {
+                matches!(
+                    typed.reason(),
+                    Reason::NotLeader
+                        | Reason::LeaderUnknown
+                        | Reason::LeaderNotReady
+                        | Reason::NoQuorum
+                        | Reason::ServerBusy
+                        | Reason::ShuttingDown
+                        | Reason::ShardNotFound
+                ) && !matches!(typed, ControllerError::Placement(_))
+            }
         }
     }
 
@@ -203,6 +209,24 @@ mod tests {
             "a typed refusal is kept"
         );
         assert_eq!(refused.reason(), Reason::ShardNotFound);
+    }
+
+    #[test]
+    fn retrying_depends_on_the_reason_not_on_who_said_it() {
+        let node_said = ControllerError::from(ErrorDetail::new(Reason::LeaderUnknown, "election"));
+        let we_found = ControllerError::LeaderUnknown { shard_id: 2 };
+        assert!(node_said.is_retriable());
+        assert!(we_found.is_retriable());
+        assert_eq!(
+            we_found.to_detail().retry_after_ms,
+            CONTROLLER_RETRY_AFTER_MS
+        );
+        // The map naming no such shard is final; a node not having started
+        // its replica yet is not.
+        let no_shard = ControllerError::Placement(PlacementError::UnknownShard { shard_id: 9 });
+        assert!(!no_shard.is_retriable());
+        let not_started = ControllerError::from(ErrorDetail::new(Reason::ShardNotFound, "later"));
+        assert!(not_started.is_retriable());
     }
 
     #[test]

@@ -23,7 +23,7 @@
 //! `/healthz` take any certificate the CA signed (Prometheus, probes).
 
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use axum::extract::{ConnectInfo, State};
 use axum::http::{header, StatusCode};
@@ -31,7 +31,7 @@ use axum::response::{Html, IntoResponse, Response};
 use axum::routing::get;
 use fencelock_api::v1::admin_service_server::AdminService;
 use fencelock_api::v1::{HotResourcesRequest, ListNodesRequest, ListShardsRequest};
-use serde_json::{json, Value};
+use serde_json::json;
 use tokio::sync::oneshot;
 
 use crate::admin::AdminServiceImpl;
@@ -53,6 +53,8 @@ pub struct HttpState {
     pub admin: Arc<AdminServiceImpl>,
     /// The status page's samples, fed by [`crate::status::sampler`].
     pub history: Arc<Mutex<History>>,
+    /// What the sampler asks the nodes through.
+    pub ops: Ops,
 }
 
 impl HttpState {
@@ -60,8 +62,9 @@ impl HttpState {
         HttpState {
             metrics,
             view,
-            admin: Arc::new(AdminServiceImpl::new(ops)),
+            admin: Arc::new(AdminServiceImpl::new(ops.clone())),
             history: Arc::new(Mutex::new(History::new(STATUS_HISTORY_SAMPLES))),
+            ops,
         }
     }
 }
@@ -71,13 +74,12 @@ impl HttpState {
 pub fn spawn(
     listener: tokio::net::TcpListener,
     state: HttpState,
-    ops: Ops,
     tls: Option<Arc<TlsMaterial>>,
 ) -> Result<(oneshot::Sender<()>, tokio::task::JoinHandle<()>, SocketAddr), ServerError> {
     let addr = listener
         .local_addr()
         .map_err(|e| ServerError::Internal(e.to_string()))?;
-    let sampler = crate::status::sampler::spawn(ops, state.history.clone());
+    let sampler = crate::status::sampler::spawn(state.ops.clone(), state.history.clone());
     let app = axum::Router::new()
         .route("/", get(status_page))
         .route("/metrics", get(metrics))
@@ -285,10 +287,7 @@ async fn status_page(
         return forbidden();
     }
     let listed = cluster_view(&state).await;
-    let history = match state.history.lock() {
-        Ok(h) => h,
-        Err(poisoned) => poisoned.into_inner(),
-    };
+    let history = state.history.lock().unwrap_or_else(PoisonError::into_inner);
     let (code, content) = match &listed {
         Ok(view) => (StatusCode::OK, page::Content::View(view)),
         Err(status) => (
@@ -312,13 +311,15 @@ async fn status_json(
     }
     let (code, body) = match cluster_view(&state).await {
         Ok(view) => {
-            let series = match state.history.lock() {
-                Ok(h) => series_json(&h),
-                Err(poisoned) => series_json(&poisoned.into_inner()),
-            };
+            // The charts' figures, one entry per sampling interval.
+            let points = state
+                .history
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .points();
             let mut body =
                 serde_json::to_value(&view).unwrap_or_else(|e| json!({ "error": e.to_string() }));
-            body["series"] = series;
+            body["series"] = serde_json::to_value(points).unwrap_or_default();
             (StatusCode::OK, body)
         }
         Err(status) => (
@@ -335,26 +336,6 @@ async fn status_json(
         body.to_string(),
     )
         .into_response()
-}
-
-/// The charts' figures, one entry per sampling interval, oldest first.
-fn series_json(history: &History) -> Value {
-    history
-        .points()
-        .iter()
-        .map(|p| {
-            json!({
-                "at_ms": p.at_ms,
-                "requests_per_s": p.requests_per_s,
-                "grants_per_s": p.grants_per_s,
-                "p50_ms": p.p50_ms,
-                "p99_ms": p.p99_ms,
-                "nodes_counted": p.nodes_counted,
-                "held_locks": p.held_locks,
-                "waiters": p.waiters,
-            })
-        })
-        .collect()
 }
 
 /// The cluster as the admin API reports it, shaped for the page.

@@ -531,7 +531,6 @@ impl Node {
                 let (stop, task, addr) = crate::admin_http::spawn(
                     listener,
                     crate::admin_http::HttpState::new(metrics.clone(), view.clone(), ops.clone()),
-                    ops.clone(),
                     tls.material().cloned(),
                 )?;
                 (Some(addr), Some(stop), Some(task))

@@ -19,6 +19,7 @@ use fencelock_placement::PlacementError;
 use fencelock_statemachine::{Command, Reply};
 use tonic::transport::Channel;
 
+use crate::errors::ServerError;
 use crate::internal::node_control_client::NodeControlClient;
 use crate::internal::{
     ChangeMembershipRequest, CreatePeerRequest, DestroyPeerRequest, GetMapRequest, MapSnapshot,
@@ -55,20 +56,15 @@ pub struct GrpcNodes {
 }
 
 impl GrpcNodes {
-    /// How this node dials other nodes.
-    pub fn peer_tls(&self) -> &crate::security::PeerTls {
-        self.peers.tls()
-    }
-
     fn control(&self, node_id: u64) -> Result<NodeControlClient<Channel>, ControllerError> {
         let addr = self
             .router
             .node_addr(node_id)
             .ok_or(PlacementError::UnknownNode { node_id })?;
-        let channel = self
-            .peers
-            .channel(&addr)
-            .map_err(|e| ControllerError::Internal(e.to_string()))?;
+        let channel = self.peers.channel(&addr).map_err(|e| match e {
+            ServerError::Internal(message) => ControllerError::Internal(message),
+            other => ControllerError::Internal(other.to_string()),
+        })?;
         Ok(NodeControlClient::new(channel))
     }
 }

@@ -16,14 +16,13 @@ pub struct Sample {
     pub held_locks: u64,
     /// Acquires queued, over the same shards.
     pub waiters: u64,
-    /// Shards each node of the map leads (0 for a node that did not answer).
-    pub leaders: BTreeMap<u64, u32>,
     /// What each node that answered had served since it started.
     pub requests: BTreeMap<u64, RequestTotals>,
 }
 
-/// The figures between two consecutive samples, stamped with the later one.
-#[derive(Clone, Debug, Default, PartialEq)]
+/// The figures between two consecutive samples, stamped with the later one
+/// (also `/status.json`'s `series` entries, field for field).
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize)]
 pub struct Point {
     pub at_ms: u64,
     /// Client requests answered per second, cluster-wide; `None` when no
@@ -81,10 +80,6 @@ impl History {
             .all(|(a, b)| a.at_ms < b.at_ms));
     }
 
-    pub fn latest(&self) -> Option<&Sample> {
-        self.samples.back()
-    }
-
     pub fn len(&self) -> usize {
         self.samples.len()
     }
@@ -109,23 +104,6 @@ impl History {
             .map(|(a, b)| between(a, b))
             .collect()
     }
-
-    /// Each node's leader count in every sample, oldest first (nodes that
-    /// joined later have `0` before).
-    pub fn leaders_by_node(&self) -> BTreeMap<u64, Vec<(u64, u32)>> {
-        let mut by_node: BTreeMap<u64, Vec<(u64, u32)>> = BTreeMap::new();
-        for s in &self.samples {
-            for node in s.leaders.keys() {
-                by_node.entry(*node).or_default();
-            }
-        }
-        for s in &self.samples {
-            for (node, line) in by_node.iter_mut() {
-                line.push((s.at_ms, s.leaders.get(node).copied().unwrap_or(0)));
-            }
-        }
-        by_node
-    }
 }
 
 /// The figures from sample `a` to the later sample `b`.
@@ -137,6 +115,10 @@ pub fn between(a: &Sample, b: &Sample) -> Point {
     let mut counted = 0usize;
     let mut bounds: Option<&[u64]> = None;
     let mut buckets: Vec<u64> = Vec::new();
+    // Every answered request is in its node's histogram (counted together),
+    // those past the last bound too: the quantiles' total is the answered
+    // count, not the last bucket's, so slow queued acquires stay in p99.
+    let mut latency_total = 0u64;
     for (node, later) in &b.requests {
         let Some(earlier) = a.requests.get(node) else {
             continue;
@@ -157,6 +139,7 @@ pub fn between(a: &Sample, b: &Sample) -> Point {
             continue;
         }
         bounds = Some(&later.latency_bucket_upper_us);
+        latency_total += later.answered - earlier.answered;
         buckets.resize(later.latency_bucket_counts.len(), 0);
         for (i, (l, e)) in later
             .latency_bucket_counts
@@ -167,7 +150,6 @@ pub fn between(a: &Sample, b: &Sample) -> Point {
             buckets[i] += l.saturating_sub(*e);
         }
     }
-    let latency_total = buckets.last().copied().unwrap_or(0);
     let quantile = |q: f64| -> Option<f64> {
         let bounds = bounds?;
         quantile_ms(bounds, &buckets, latency_total, q)
@@ -291,6 +273,14 @@ mod tests {
     }
 
     #[test]
+    fn requests_slower_than_the_last_bound_stay_in_the_p99() {
+        // 100 answered in the interval, only 90 within the last bound.
+        let a = sample(0, &[(1, totals(0, 0, [0; 4]))]);
+        let b = sample(1_000, &[(1, totals(100, 0, [90, 90, 90, 90]))]);
+        assert_eq!(between(&a, &b).p99_ms, Some(1_000.0));
+    }
+
+    #[test]
     fn a_quantile_past_the_last_bound_reports_the_last_bound() {
         // 10 requests, only 5 within the last bound.
         assert_eq!(
@@ -314,19 +304,5 @@ mod tests {
         h.push(sample(4_500, &[]));
         assert_eq!(h.len(), 1, "a step back forgets the rest");
         assert!(h.points().is_empty());
-    }
-
-    #[test]
-    fn leaders_by_node_fills_zero_before_a_node_appears() {
-        let mut h = History::new(4);
-        let mut s = sample(1_000, &[]);
-        s.leaders = [(1, 3)].into_iter().collect();
-        h.push(s);
-        let mut s = sample(2_000, &[]);
-        s.leaders = [(1, 2), (2, 1)].into_iter().collect();
-        h.push(s);
-        let lines = h.leaders_by_node();
-        assert_eq!(lines[&1], vec![(1_000, 3), (2_000, 2)]);
-        assert_eq!(lines[&2], vec![(1_000, 0), (2_000, 1)]);
     }
 }

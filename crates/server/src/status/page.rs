@@ -6,7 +6,7 @@
 use std::fmt::Write;
 
 use super::charts::{bar_chart, format_value, line_chart, Line};
-use super::history::History;
+use super::history::{History, Point};
 use super::view::ClusterView;
 
 const STYLE: &str = include_str!("page.css");
@@ -119,50 +119,33 @@ fn live(html: &mut String, v: &ClusterView, history: &History) {
 
 fn charts(html: &mut String, v: &ClusterView, history: &History) {
     let points = history.points();
-    let series = |f: fn(&super::history::Point) -> Option<f64>| -> Vec<(u64, Option<f64>)> {
-        points.iter().map(|p| (p.at_ms, f(p))).collect()
-    };
-    let requests = line_chart(
+    type Figure = fn(&Point) -> Option<f64>;
+    // Every chart but the leaders' is two lines over the same points.
+    let pair =
+        |id: &str, unit: &str, first: (&'static str, Figure), second: (&'static str, Figure)| {
+            let line = |(name, f): (&'static str, Figure)| Line {
+                name,
+                points: points.iter().map(|p| (p.at_ms, f(p))).collect(),
+            };
+            line_chart(id, unit, &[line(first), line(second)])
+        };
+    let requests = pair(
         "requests",
         "/s",
-        &[
-            Line {
-                name: "requests answered",
-                points: series(|p| p.requests_per_s),
-            },
-            Line {
-                name: "acquires granted",
-                points: series(|p| p.grants_per_s),
-            },
-        ],
+        ("requests answered", |p| p.requests_per_s),
+        ("acquires granted", |p| p.grants_per_s),
     );
-    let latency = line_chart(
+    let latency = pair(
         "latency",
         "ms",
-        &[
-            Line {
-                name: "p99",
-                points: series(|p| p.p99_ms),
-            },
-            Line {
-                name: "p50",
-                points: series(|p| p.p50_ms),
-            },
-        ],
+        ("p99", |p| p.p99_ms),
+        ("p50", |p| p.p50_ms),
     );
-    let locks = line_chart(
+    let locks = pair(
         "locks",
         "",
-        &[
-            Line {
-                name: "held",
-                points: series(|p| Some(p.held_locks as f64)),
-            },
-            Line {
-                name: "waiting",
-                points: series(|p| Some(p.waiters as f64)),
-            },
-        ],
+        ("held", |p| Some(p.held_locks as f64)),
+        ("waiting", |p| Some(p.waiters as f64)),
     );
     let bars: Vec<(String, u64)> = v
         .nodes

@@ -8,8 +8,6 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use fencelock_placement::PlacementMap;
-
 use super::history::{History, Sample};
 use super::STATUS_SAMPLE_MS;
 use crate::internal::NodeStatus;
@@ -29,24 +27,25 @@ pub fn spawn(ops: Ops, history: Arc<Mutex<History>>) -> tokio::task::JoinHandle<
                 continue;
             };
             let statuses = ops.statuses_within(&map, LIST_STATUS_TIMEOUT).await;
-            let sample = sample_of(crate::store::wall_ms(), &map, &statuses);
-            if let Ok(mut h) = history.lock() {
-                h.push(sample);
-            }
+            let sample = sample_of(crate::store::wall_ms(), &statuses);
+            // A poisoned lock still holds a usable history (a panic
+            // elsewhere cannot leave a half-pushed sample).
+            history
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .push(sample);
         }
     })
 }
 
 /// The sample the statuses make: each shard counted once, at the replica
-/// that serves as its leader; every node of the map has a leader count.
-pub fn sample_of(at_ms: u64, map: &PlacementMap, statuses: &BTreeMap<u64, NodeStatus>) -> Sample {
-    let mut leaders: BTreeMap<u64, u32> = map.nodes().map(|n| (n.node_id, 0)).collect();
+/// that serves as its leader.
+pub fn sample_of(at_ms: u64, statuses: &BTreeMap<u64, NodeStatus>) -> Sample {
     let mut counted_shards = std::collections::BTreeSet::new();
     let mut held_locks = 0;
     let mut waiters = 0;
-    for (node, status) in statuses {
+    for status in statuses.values() {
         for r in status.replicas.iter().filter(|r| r.is_leader) {
-            *leaders.entry(*node).or_default() += 1;
             // Two replicas that both believe they lead (an old leader not
             // yet told) would count a shard's locks twice.
             if counted_shards.insert(r.shard_id) {
@@ -59,7 +58,6 @@ pub fn sample_of(at_ms: u64, map: &PlacementMap, statuses: &BTreeMap<u64, NodeSt
         at_ms,
         held_locks,
         waiters,
-        leaders,
         requests: statuses
             .iter()
             .filter_map(|(node, s)| Some((*node, s.requests.clone()?)))
@@ -83,9 +81,7 @@ mod tests {
     }
 
     #[test]
-    fn each_shard_counts_once_and_silent_nodes_lead_nothing() {
-        let nodes = [(1, "a:1".into()), (2, "b:1".into()), (3, "c:1".into())];
-        let map = PlacementMap::bootstrap(&nodes, 2, 3).expect("a map");
+    fn each_shard_counts_once_and_only_nodes_that_sent_totals_have_rates() {
         let statuses: BTreeMap<u64, NodeStatus> = [
             (
                 1,
@@ -111,11 +107,10 @@ mod tests {
         ]
         .into_iter()
         .collect();
-        let s = sample_of(42, &map, &statuses);
+        let s = sample_of(42, &statuses);
         assert_eq!(s.at_ms, 42);
         assert_eq!(s.held_locks, 12);
         assert_eq!(s.waiters, 2);
-        assert_eq!(s.leaders, [(1, 2), (2, 1), (3, 0)].into_iter().collect());
         assert_eq!(s.requests.len(), 1, "node 2 sent no totals");
         assert_eq!(s.requests[&1].answered, 9);
     }
