@@ -192,23 +192,26 @@ impl RequestMetrics {
         }
     }
 
-    fn record(&self, op: Op, outcome: Outcome, elapsed: Duration) {
-        let i = Self::index(op);
-        let o = Outcome::ALL
+    fn outcome_index(outcome: Outcome) -> usize {
+        Outcome::ALL
             .iter()
             .position(|x| *x == outcome)
-            .expect("listed");
-        self.outcomes[i * Outcome::ALL.len() + o].inc();
-        self.latency[i].observe(elapsed.as_secs_f64());
+            .expect("listed")
+    }
+
+    /// The counter of (`op`, `outcome`).
+    fn counter(&self, op: Op, outcome: Outcome) -> &IntCounter {
+        &self.outcomes[Self::index(op) * Outcome::ALL.len() + Self::outcome_index(outcome)]
+    }
+
+    fn record(&self, op: Op, outcome: Outcome, elapsed: Duration) {
+        self.counter(op, outcome).inc();
+        self.latency[Self::index(op)].observe(elapsed.as_secs_f64());
     }
 
     /// Counts one item of a renew batch.
     pub fn batch_item(&self, outcome: Outcome) {
-        let o = Outcome::ALL
-            .iter()
-            .position(|x| *x == outcome)
-            .expect("listed");
-        self.batch_items[o].inc();
+        self.batch_items[Self::outcome_index(outcome)].inc();
     }
 
     /// Counts a request this node forwarded to another node.
@@ -221,11 +224,7 @@ impl RequestMetrics {
     /// (read by `NodeControl.Status`).
     pub fn totals(&self) -> crate::internal::RequestTotals {
         let answered = self.outcomes.iter().map(IntCounter::get).sum();
-        let ok = Outcome::ALL
-            .iter()
-            .position(|x| *x == Outcome::Ok)
-            .expect("listed");
-        let granted = self.outcomes[Self::index(Op::Acquire) * Outcome::ALL.len() + ok].get();
+        let granted = self.counter(Op::Acquire, Outcome::Ok).get();
         let mut counts = vec![0u64; REQUEST_BUCKETS_SECONDS.len()];
         for histogram in &self.latency {
             let metric = prometheus::core::Metric::metric(histogram);
