@@ -7,8 +7,9 @@
 #
 # Configs and data live in .fencelock-dev/ (relative to the current
 # directory) and survive restarts; Ctrl-C stops every node. The dev cluster
-# runs without TLS (`[tls] insecure = true`, development only); see
-# docs/security.md and `fencelock dev certs` for a TLS setup.
+# runs without TLS (`[tls] insecure = true`, development only) unless given
+# `--tls` (mutual TLS with generated development certificates; see
+# docs/security.md).
 set -euo pipefail
 
 # The same default as the Makefile: build output outside the clone, so the

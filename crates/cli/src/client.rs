@@ -336,9 +336,16 @@ async fn report_with_note(
     if let Some(diagnosis) = &diagnosis {
         diagnosis.print();
     }
+    exit_code_of(error)
+}
+
+/// The exit code for a failed client call (the table in `EXIT_CODES_HELP`):
+/// that of the status the error stands for, and EXIT_LOCK for a lease that
+/// ended.
+pub(crate) fn exit_code_of(error: &ClientError) -> u8 {
     match error {
         ClientError::LeaseEnded { .. } => EXIT_LOCK,
-        _ => exit_code(&status),
+        _ => exit_code(&status_of(error)),
     }
 }
 

@@ -629,9 +629,13 @@ pub async fn run(args: DevArgs) -> u8 {
             .iter()
             .min_by_key(|(_, at)| **at)
             .map(|(id, at)| (*id, *at));
+        // The node whose restart is due next, once it is due.
         let restart_due = async {
             match next_restart {
-                Some((_, at)) => tokio::time::sleep_until(at).await,
+                Some((id, at)) => {
+                    tokio::time::sleep_until(at).await;
+                    id
+                }
                 None => std::future::pending().await,
             }
         };
@@ -652,11 +656,8 @@ pub async fn run(args: DevArgs) -> u8 {
                     killed = true;
                 }
             }
-            exited = exit_rx.recv() => {
-                let Some(Exited { id, status }) = exited else {
-                    // Every waiter thread is gone; nothing more to wait for.
-                    break;
-                };
+            // Never closed: this loop holds a sender for the restarts.
+            Some(Exited { id, status }) = exit_rx.recv() => {
                 let Some((_, started_at)) = live.remove(&id) else { continue };
                 if stop_deadline.is_some() {
                     eprintln!("fencelock dev: node {id} stopped: {}", describe_exit(&status));
@@ -692,8 +693,7 @@ pub async fn run(args: DevArgs) -> u8 {
                     pending.insert(id, tokio::time::Instant::now() + delay);
                 }
             }
-            () = restart_due => {
-                let Some((id, _)) = next_restart else { continue };
+            id = restart_due => {
                 pending.remove(&id);
                 match spawn_node(&exe, by_id[&id], exit_tx.clone()) {
                     Ok(pid) => {

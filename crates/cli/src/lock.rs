@@ -21,12 +21,10 @@ use std::time::{Duration, Instant};
 use clap::Args;
 use fencelock_client::{Client, ClientConfig, ClientError, LockGuard, LostReason};
 
-use super::client::exit_code as status_exit_code;
+use super::client::exit_code_of;
 use super::diagnose::Diagnosis;
 use super::json::Object;
-use super::{
-    Output, ShutdownSignals, EXIT_LOCK, EXIT_OK, EXIT_OTHER, EXIT_UNAVAILABLE, EXIT_USAGE,
-};
+use super::{Output, ShutdownSignals, EXIT_OK, EXIT_OTHER, EXIT_USAGE};
 
 /// The lock was lost while the command ran; the command was stopped.
 pub const EXIT_LOCK_LOST: u8 = 5;
@@ -127,19 +125,6 @@ pub struct LockArgs {
     command: Vec<OsString>,
 }
 
-/// The exit code for a failed acquire (the table in `EXIT_CODES_HELP`).
-fn acquire_exit_code(error: &ClientError) -> u8 {
-    match error {
-        ClientError::Rejected(detail) => status_exit_code(&detail.to_status()),
-        ClientError::Grpc(status) => status_exit_code(status),
-        ClientError::Unavailable { .. } => EXIT_UNAVAILABLE,
-        ClientError::InvalidConfig(_)
-        | ClientError::InvalidEndpoint { .. }
-        | ClientError::InvalidArgument(_) => EXIT_USAGE,
-        ClientError::LeaseEnded { .. } => EXIT_LOCK,
-    }
-}
-
 /// How the command ended.
 enum Ending {
     /// It exited by itself.
@@ -189,7 +174,7 @@ pub async fn run(args: LockArgs) -> u8 {
         Ok(client) => client,
         Err(e) => {
             eprintln!("error: {e}");
-            return acquire_exit_code(&e);
+            return exit_code_of(&e);
         }
     };
     let ttl_ms = args.ttl_ms.unwrap_or(0);
@@ -492,7 +477,7 @@ fn report_acquire_failure(
     error: &ClientError,
     diagnosis: Option<&Diagnosis>,
 ) -> u8 {
-    let code = acquire_exit_code(error);
+    let code = exit_code_of(error);
     eprintln!("error: {error}");
     // Only a request that reached a node's lock service may have been
     // granted; one that never got a connection, or met only TLS mismatches,
@@ -617,6 +602,7 @@ fn lost_reason_name(reason: LostReason) -> &'static str {
 mod tests {
     use super::*;
     use crate::Cli;
+    use crate::{EXIT_LOCK, EXIT_UNAVAILABLE};
     use clap::{CommandFactory, Parser};
 
     fn parse(args: &[&str]) -> LockArgs {
@@ -687,15 +673,9 @@ mod tests {
     fn acquire_failures_map_to_the_documented_codes() {
         use fencelock_api::v1::{ErrorDetail, Reason};
         let rejected = |reason| ClientError::Rejected(Box::new(ErrorDetail::new(reason, "")));
-        assert_eq!(acquire_exit_code(&rejected(Reason::LockHeld)), EXIT_LOCK);
-        assert_eq!(
-            acquire_exit_code(&rejected(Reason::WaitTimedOut)),
-            EXIT_LOCK
-        );
-        assert_eq!(
-            acquire_exit_code(&rejected(Reason::InvalidResource)),
-            EXIT_USAGE
-        );
+        assert_eq!(exit_code_of(&rejected(Reason::LockHeld)), EXIT_LOCK);
+        assert_eq!(exit_code_of(&rejected(Reason::WaitTimedOut)), EXIT_LOCK);
+        assert_eq!(exit_code_of(&rejected(Reason::InvalidResource)), EXIT_USAGE);
         let unavailable = ClientError::Unavailable {
             timeout_ms: 1,
             attempts: 1,
@@ -703,6 +683,6 @@ mod tests {
             request_id: None,
             sent: true,
         };
-        assert_eq!(acquire_exit_code(&unavailable), EXIT_UNAVAILABLE);
+        assert_eq!(exit_code_of(&unavailable), EXIT_UNAVAILABLE);
     }
 }
