@@ -95,6 +95,10 @@ fn signal(pid: u32, sig: libc::c_int) {
     }
 }
 
+/// How long [`Cluster::busiest_leader`] waits for elections to end: a few
+/// election timeouts.
+const LEADER_WAIT: Duration = Duration::from_secs(5);
+
 impl Cluster {
     /// Writes configs under `dir` and starts `nodes` nodes.
     pub fn start(
@@ -360,18 +364,27 @@ impl Cluster {
         }
     }
 
-    /// The node leading the most shards, with those shards.
+    /// The node leading the most shards, with those shards. Right after a
+    /// fault heals (a lost majority, say) every shard may still be electing:
+    /// it waits up to [`LEADER_WAIT`] for a leader rather than report none.
     pub async fn busiest_leader(&self) -> Result<(u64, Vec<u64>), ClusterError> {
-        let list = self.shards().await?;
-        let mut led: BTreeMap<u64, Vec<u64>> = BTreeMap::new();
-        for s in &list.shards {
-            if s.leader_node_id != 0 {
-                led.entry(s.leader_node_id).or_default().push(s.shard_id);
+        let deadline = tokio::time::Instant::now() + LEADER_WAIT;
+        loop {
+            let list = self.shards().await?;
+            let mut led: BTreeMap<u64, Vec<u64>> = BTreeMap::new();
+            for s in &list.shards {
+                if s.leader_node_id != 0 {
+                    led.entry(s.leader_node_id).or_default().push(s.shard_id);
+                }
             }
+            if let Some(busiest) = led.into_iter().max_by_key(|(_, shards)| shards.len()) {
+                return Ok(busiest);
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(ClusterError::Admin("no shard has a leader".into()));
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
         }
-        led.into_iter()
-            .max_by_key(|(_, shards)| shards.len())
-            .ok_or_else(|| ClusterError::Admin("no shard has a leader".into()))
     }
 }
 
