@@ -123,9 +123,10 @@ fuzz: deps
 # Deterministic simulation of the multi-Raft layer (docs/testing.md): the
 # real store of three nodes under one seeded RNG. `make test` runs 200
 # seeds; this runs SIM_SEEDS of them. SIM_SEED=S replays exactly seed S.
+# Its own crate (crates/simulation): it builds without the gRPC edge.
 SIM_SEEDS ?= 2000
 SIM_SEED ?=
 .PHONY: sim
 sim: deps
 	$(if $(SIM_SEED),FENCELOCK_SIM_SEED=$(SIM_SEED),FENCELOCK_SIM_SEEDS=$(SIM_SEEDS)) \
-		$(CARGO) test --locked --workspace --test simulation -- --nocapture
+		$(CARGO) test --locked -p fencelock-simulation --test simulation -- --nocapture

@@ -2,9 +2,12 @@
 //!
 //! The protos are parsed by `protox`, a pure-Rust protobuf compiler, so the
 //! build never needs a system `protoc` (nor the `PROTOC` variable). From its
-//! descriptor set, `tonic-prost-build` generates the prost messages and the
-//! tonic clients and servers (`$OUT_DIR/fencelock.v1.rs`), and the same
-//! descriptor set, encoded, becomes `FILE_DESCRIPTOR_SET` for gRPC reflection.
+//! descriptor set, `tonic-prost-build` generates the prost messages and,
+//! with the `grpc` feature, the tonic clients and servers
+//! (`$OUT_DIR/fencelock.v1.rs`), and the same descriptor set, encoded,
+//! becomes `FILE_DESCRIPTOR_SET` for gRPC reflection. Without `grpc` only
+//! the messages are generated, so the crates below the gRPC edge build
+//! without tonic.
 //!
 //! It also compiles the internal peer protocol in `proto/fencelock/internal/`
 //! (package `fencelock.internal.v1`: Raft message streams between nodes and
@@ -26,6 +29,8 @@ const DESCRIPTOR_FILE: &str = "fencelock_v1_descriptor.bin";
 
 fn main() -> Result<(), Box<dyn Error>> {
     let manifest_dir = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR")?);
+    // Cargo sets this for a build script when the crate's `grpc` feature is on.
+    let grpc = std::env::var_os("CARGO_FEATURE_GRPC").is_some();
     let out_dir = PathBuf::from(std::env::var("OUT_DIR")?);
     let proto_root = manifest_dir.join("../../proto");
 
@@ -52,8 +57,8 @@ fn main() -> Result<(), Box<dyn Error>> {
     )?;
 
     tonic_prost_build::configure()
-        .build_client(true)
-        .build_server(true)
+        .build_client(grpc)
+        .build_server(grpc)
         .compile_fds(compiler.file_descriptor_set())?;
 
     // The internal protocol, compiled on its own: it imports nothing from
@@ -66,8 +71,8 @@ fn main() -> Result<(), Box<dyn Error>> {
     compiler.include_source_info(true).include_imports(true);
     compiler.open_files(&internal)?;
     tonic_prost_build::configure()
-        .build_client(true)
-        .build_server(true)
+        .build_client(grpc)
+        .build_server(grpc)
         .compile_fds(compiler.file_descriptor_set())?;
     Ok(())
 }

@@ -28,6 +28,7 @@ mod tests {
                 "{key}"
             );
             assert!(!key.ends_with("-bin"), "{key} carries text, not binary");
+            #[cfg(feature = "grpc")]
             tonic::metadata::MetadataKey::<tonic::metadata::Ascii>::from_bytes(key.as_bytes())
                 .unwrap();
         }

@@ -1,5 +1,5 @@
 //! The error model on the wire: [`Reason`] → gRPC code, and [`ErrorDetail`]
-//! in and out of a [`tonic::Status`].
+//! in and out of a `tonic::Status`.
 //!
 //! An error travels the way the gRPC rich error model expects, so clients in
 //! every language can read it: the status details (the
@@ -11,15 +11,38 @@
 //! into `INTERNAL`.
 //!
 //! The code and default retry advice of every reason live in one table,
-//! read through [`code_for`] and [`default_retry`]; `errors.proto` documents
-//! the same table, and a test checks that the two agree.
+//! read through [`wire_code_for`] (`code_for` with the `grpc` feature) and
+//! [`default_retry`]; `errors.proto` documents the same table, and a test
+//! checks that the two agree. The table and the retry advice need no gRPC
+//! library: crates below the gRPC edge (the store loop, the controller, the
+//! simulation) build them without tonic.
 
 use std::time::Duration;
 
+#[cfg(feature = "grpc")]
 use prost::Message;
+#[cfg(feature = "grpc")]
 use tonic::Code;
 
 use crate::v1::{ErrorDetail, Reason, RetryPolicy};
+
+/// The gRPC status codes the error model uses, numbered as gRPC numbers
+/// them, so the table below needs no gRPC library and the gRPC edge converts
+/// one to one (a test checks the numbers against tonic's).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(i32)]
+pub enum WireCode {
+    Cancelled = 1,
+    Unknown = 2,
+    InvalidArgument = 3,
+    NotFound = 5,
+    PermissionDenied = 7,
+    ResourceExhausted = 8,
+    FailedPrecondition = 9,
+    Aborted = 10,
+    Internal = 13,
+    Unavailable = 14,
+}
 
 /// The `Any` type URL under which an [`ErrorDetail`] travels in the status
 /// details.
@@ -27,11 +50,18 @@ pub const ERROR_DETAIL_TYPE_URL: &str = "type.googleapis.com/fencelock.v1.ErrorD
 
 /// The fully qualified protobuf name of [`ErrorDetail`]; the part of a type
 /// URL after its last `/`.
+#[cfg(feature = "grpc")]
 const ERROR_DETAIL_FULL_NAME: &str = "fencelock.v1.ErrorDetail";
 
 /// The gRPC code a call failing for `reason` ends with.
-pub fn code_for(reason: Reason) -> Code {
+pub fn wire_code_for(reason: Reason) -> WireCode {
     policy(reason).0
+}
+
+/// The gRPC code a call failing for `reason` ends with, as tonic's type.
+#[cfg(feature = "grpc")]
+pub fn code_for(reason: Reason) -> Code {
+    Code::from_i32(wire_code_for(reason) as i32)
 }
 
 /// What a client should do after `reason` when the server sent no explicit
@@ -45,9 +75,10 @@ pub fn default_retry(reason: Reason) -> RetryPolicy {
 /// The one table of gRPC code and default retry advice per reason. It is an
 /// exhaustive match, so a new reason does not compile until it has a row;
 /// keep it in step with the comments in `errors.proto` (a test checks).
-fn policy(reason: Reason) -> (Code, RetryPolicy) {
+fn policy(reason: Reason) -> (WireCode, RetryPolicy) {
     use Reason as R;
     use RetryPolicy as P;
+    use WireCode as Code;
     match reason {
         R::Unspecified => (Code::Unknown, P::Never),
 
@@ -128,6 +159,7 @@ impl ErrorDetail {
 
     /// The gRPC code for this error's reason. An unknown reason value (from a
     /// newer peer) reads as UNSPECIFIED, hence [`Code::Unknown`].
+    #[cfg(feature = "grpc")]
     pub fn code(&self) -> Code {
         code_for(self.reason())
     }
@@ -135,6 +167,7 @@ impl ErrorDetail {
     /// The status a call failing with this error ends with: code from
     /// [`code_for`], message `"<REASON>: <message>"`, and this detail in the
     /// status details (see the module docs for the encoding).
+    #[cfg(feature = "grpc")]
     pub fn to_status(&self) -> tonic::Status {
         let code = self.code();
         let message = format!("{}: {}", reason_name(self.reason()), self.message);
@@ -153,6 +186,7 @@ impl ErrorDetail {
     /// [`ErrorDetail::to_status`] (or by any gRPC library packing it into a
     /// `google.rpc.Status`). `None` when the status carries no such detail or
     /// its details do not decode; never panics on malformed bytes.
+    #[cfg(feature = "grpc")]
     pub fn from_status(status: &tonic::Status) -> Option<ErrorDetail> {
         let details = status.details();
         if details.is_empty() {
@@ -171,6 +205,7 @@ impl ErrorDetail {
     /// dropped), so what it asked for may or may not have happened:
     /// `OUTCOME_UNKNOWN` for `shard_id` (0: none), saying `context` first
     /// and the transport's words after.
+    #[cfg(feature = "grpc")]
     pub fn or_outcome_unknown(
         status: tonic::Status,
         shard_id: u64,
@@ -212,6 +247,7 @@ impl ErrorDetail {
     }
 }
 
+#[cfg(feature = "grpc")]
 impl From<ErrorDetail> for tonic::Status {
     fn from(detail: ErrorDetail) -> tonic::Status {
         detail.to_status()
@@ -233,6 +269,7 @@ fn reason_name(reason: Reason) -> &'static str {
 }
 
 /// The message name of a type URL: what follows its last `/`.
+#[cfg(feature = "grpc")]
 fn type_name(type_url: &str) -> &str {
     type_url.rsplit('/').next().unwrap_or(type_url)
 }
@@ -241,6 +278,7 @@ fn type_name(type_url: &str) -> &str {
 /// details. Declared here (three fields, wire-compatible with
 /// `google/rpc/status.proto`) rather than pulled in with the googleapis
 /// protos, which the public contract does not otherwise need.
+#[cfg(feature = "grpc")]
 #[derive(Clone, PartialEq, Message)]
 struct RpcStatus {
     #[prost(int32, tag = "1")]
@@ -251,7 +289,7 @@ struct RpcStatus {
     details: Vec<prost_types::Any>,
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "grpc"))]
 mod tests {
     use super::*;
 
@@ -350,6 +388,25 @@ mod tests {
                 RetryPolicy::Unspecified,
                 "{reason:?}"
             );
+        }
+    }
+
+    #[test]
+    fn wire_codes_are_the_grpc_code_numbers() {
+        let pairs = [
+            (WireCode::Cancelled, Code::Cancelled),
+            (WireCode::Unknown, Code::Unknown),
+            (WireCode::InvalidArgument, Code::InvalidArgument),
+            (WireCode::NotFound, Code::NotFound),
+            (WireCode::PermissionDenied, Code::PermissionDenied),
+            (WireCode::ResourceExhausted, Code::ResourceExhausted),
+            (WireCode::FailedPrecondition, Code::FailedPrecondition),
+            (WireCode::Aborted, Code::Aborted),
+            (WireCode::Internal, Code::Internal),
+            (WireCode::Unavailable, Code::Unavailable),
+        ];
+        for (wire, code) in pairs {
+            assert_eq!(Code::from_i32(wire as i32), code, "{wire:?}");
         }
     }
 

@@ -5,6 +5,7 @@
 
 use std::time::Duration;
 
+use fencelock_api::refusal::placement_reason;
 use fencelock_api::v1::{ErrorDetail, Reason, RetryPolicy};
 use fencelock_placement::PlacementError;
 
@@ -149,28 +150,6 @@ impl ControllerError {
 impl From<ErrorDetail> for ControllerError {
     fn from(detail: ErrorDetail) -> ControllerError {
         ControllerError::Detailed(Box::new(detail))
-    }
-}
-
-/// The wire reason of a placement refusal: an argument that names nothing
-/// is NOT_FOUND, one that can never be valid is INVALID_ADMIN_REQUEST, and
-/// one the current map refuses is a PLACEMENT_CONFLICT.
-pub fn placement_reason(error: &PlacementError) -> Reason {
-    use PlacementError as E;
-    match error {
-        E::UnknownNode { .. } => Reason::NodeNotFound,
-        E::UnknownShard { .. } => Reason::ShardNotFound,
-        E::InvalidNodeId { .. }
-        | E::InvalidAddr { .. }
-        | E::InvalidSlotCount { .. }
-        | E::SlotOutOfRange { .. }
-        | E::SlotsNotSorted { .. }
-        | E::SameShard { .. }
-        | E::NotADataShard { .. }
-        | E::NoReplicas
-        | E::InvalidShardCount { .. }
-        | E::InvalidReplicationFactor { .. } => Reason::InvalidAdminRequest,
-        _ => Reason::PlacementConflict,
     }
 }
 

@@ -26,7 +26,7 @@
 //!
 //! The protocol runs over the [`Cluster`] trait: gRPC calls to the nodes in
 //! production (`crate::ops::Ops` over the server's gRPC node calls), the simulated stores in the
-//! deterministic simulation (`crates/nemesis/tests/sim/reshard.rs`), which
+//! deterministic simulation (`crates/simulation/tests/sim/reshard.rs`), which
 //! forces the leader changes and lost answers at each step.
 
 use std::collections::{BTreeMap, BTreeSet};

@@ -1,7 +1,14 @@
 //! The store loop's error type: every way a command handed to the store can
-//! fail. The server maps each variant onto its own error (and from there
-//! onto the wire error model) one to one.
+//! fail, and its form on the wire ([`StoreError::to_detail`]): the reason,
+//! the retry advice and the machine-readable fields. The server's error
+//! keeps a variant of the same name for each and answers it through this
+//! mapping, so a simulated node and a real one say the same thing.
 
+use fencelock_api::refusal::{
+    invalid_argument_reason, lock_detail, lock_reason, placement_reason, INTERNAL_RETRY_AFTER_MS,
+    LEADER_NOT_READY_RETRY_AFTER_MS, LEADER_UNKNOWN_RETRY_AFTER_MS, NO_QUORUM_RETRY_AFTER_MS,
+};
+use fencelock_api::v1::{ErrorDetail, LeaderHint, Reason, RetryPolicy};
 use fencelock_router::LeaderInfo;
 use fencelock_statemachine::LockError;
 
@@ -62,5 +69,88 @@ fn leader_note(leader: &Option<LeaderInfo>) -> String {
     match leader {
         Some(l) => format!("; its leader is node {} at {}", l.node_id, l.addr),
         None => "; its leader is unknown".to_owned(),
+    }
+}
+
+impl StoreError {
+    /// The wire reason of this error.
+    pub fn reason(&self) -> Reason {
+        match self {
+            StoreError::Lock(e) => lock_reason(e),
+            StoreError::NotLeader { .. } => Reason::NotLeader,
+            StoreError::LeaderUnknown { .. } => Reason::LeaderUnknown,
+            StoreError::LeaderNotReady { .. } => Reason::LeaderNotReady,
+            StoreError::OutcomeUnknown { .. } => Reason::OutcomeUnknown,
+            StoreError::NoQuorum { .. } => Reason::NoQuorum,
+            StoreError::ShuttingDown => Reason::ShuttingDown,
+            StoreError::InvalidArgument { field, .. } => invalid_argument_reason(field),
+            StoreError::WaitTimedOut => Reason::WaitTimedOut,
+            StoreError::WaitCancelled => Reason::WaitCancelled,
+            StoreError::Storage(_) | StoreError::Internal(_) => Reason::Internal,
+            StoreError::ShardNotHere { .. } => Reason::ShardNotFound,
+            StoreError::Placement(e) => placement_reason(e),
+        }
+    }
+
+    /// The machine-readable error: reason, retry advice and every field that
+    /// applies. Errors that know their shard fill `shard_id`; for
+    /// [`StoreError::Lock`] the caller may add it:
+    /// `ErrorDetail { shard_id, ..err.to_detail() }`.
+    pub fn to_detail(&self) -> ErrorDetail {
+        let base = ErrorDetail::new(self.reason(), self.to_string());
+        match self {
+            StoreError::Lock(e) => lock_detail(e, base),
+            StoreError::NotLeader { shard_id, leader } => match leader {
+                Some(leader) => ErrorDetail {
+                    shard_id: *shard_id,
+                    leader: Some(LeaderHint {
+                        node_id: leader.node_id,
+                        address: leader.addr.clone(),
+                    }),
+                    ..base
+                },
+                // Without a hint, retrying at once would only ask the same
+                // node again: back off until an election settles.
+                None => ErrorDetail {
+                    shard_id: *shard_id,
+                    retry: RetryPolicy::Backoff as i32,
+                    retry_after_ms: LEADER_UNKNOWN_RETRY_AFTER_MS,
+                    ..base
+                },
+            },
+            StoreError::LeaderUnknown { shard_id } => ErrorDetail {
+                shard_id: *shard_id,
+                retry_after_ms: LEADER_UNKNOWN_RETRY_AFTER_MS,
+                ..base
+            },
+            StoreError::LeaderNotReady { shard_id } => ErrorDetail {
+                shard_id: *shard_id,
+                retry_after_ms: LEADER_NOT_READY_RETRY_AFTER_MS,
+                ..base
+            },
+            StoreError::NoQuorum { shard_id } => ErrorDetail {
+                shard_id: *shard_id,
+                retry_after_ms: NO_QUORUM_RETRY_AFTER_MS,
+                ..base
+            },
+            StoreError::OutcomeUnknown { shard_id } | StoreError::ShardNotHere { shard_id } => {
+                ErrorDetail {
+                    shard_id: *shard_id,
+                    ..base
+                }
+            }
+            StoreError::InvalidArgument { field, .. } => ErrorDetail {
+                field: (*field).to_owned(),
+                ..base
+            },
+            StoreError::Storage(_) | StoreError::Internal(_) => ErrorDetail {
+                retry_after_ms: INTERNAL_RETRY_AFTER_MS,
+                ..base
+            },
+            StoreError::ShuttingDown
+            | StoreError::WaitTimedOut
+            | StoreError::WaitCancelled
+            | StoreError::Placement(_) => base,
+        }
     }
 }

@@ -10,27 +10,24 @@
 //!
 //! The code and default retry of each reason come from
 //! `fencelock_api::status`; this module only decides which reason and which
-//! fields. Messages never contain lease ids.
+//! fields. The variants the server shares with the store loop's
+//! `StoreError` are answered by the store's own mapping
+//! (`StoreError::to_detail`), so the deterministic simulation, which runs
+//! the store without this crate, sees exactly what a client would. Messages
+//! never contain lease ids.
 
-use fencelock_api::v1::{ErrorDetail, LeaderHint, Reason, RetryPolicy};
+use fencelock_api::v1::{ErrorDetail, Reason, RetryPolicy};
 use fencelock_statemachine::LockError;
+
+use crate::store::StoreError;
 
 use crate::config::ConfigError;
 
-/// First backoff step suggested while a shard elects a leader (elections take
-/// a few hundred milliseconds at the default timings).
-pub const LEADER_UNKNOWN_RETRY_AFTER_MS: u64 = 100;
-/// First backoff step suggested while a new leader commits its
-/// leader-changed entry (one round trip).
-pub const LEADER_NOT_READY_RETRY_AFTER_MS: u64 = 20;
-/// First backoff step suggested when a shard has no majority.
-pub const NO_QUORUM_RETRY_AFTER_MS: u64 = 200;
-/// First backoff step suggested when the node's request queue is full.
-pub const SERVER_BUSY_RETRY_AFTER_MS: u64 = 50;
-/// First backoff step suggested when a shard waits for a new epoch.
-pub const TOKEN_SPACE_RETRY_AFTER_MS: u64 = 1_000;
-/// First backoff step suggested after an internal or storage error.
-pub const INTERNAL_RETRY_AFTER_MS: u64 = 100;
+/// The retry advice nodes give (one copy, shared with the store's errors).
+pub use fencelock_api::refusal::{
+    INTERNAL_RETRY_AFTER_MS, LEADER_NOT_READY_RETRY_AFTER_MS, LEADER_UNKNOWN_RETRY_AFTER_MS,
+    NO_QUORUM_RETRY_AFTER_MS, SERVER_BUSY_RETRY_AFTER_MS, TOKEN_SPACE_RETRY_AFTER_MS,
+};
 
 /// The leader of a shard as this node knows it (the router's).
 pub use fencelock_router::LeaderInfo;
@@ -129,10 +126,10 @@ impl From<fencelock_router::RouteError> for ServerError {
     }
 }
 
-impl From<crate::store::StoreError> for ServerError {
+impl From<StoreError> for ServerError {
     /// One to one: the store's variants are the server's of the same name.
-    fn from(e: crate::store::StoreError) -> ServerError {
-        use crate::store::StoreError as S;
+    fn from(e: StoreError) -> ServerError {
+        use StoreError as S;
         match e {
             S::Lock(e) => ServerError::Lock(e),
             S::NotLeader { shard_id, leader } => ServerError::NotLeader { shard_id, leader },
@@ -160,31 +157,63 @@ fn leader_note(leader: &Option<LeaderInfo>) -> String {
 }
 
 impl ServerError {
+    /// The store's error of the same name, for the variants the two share
+    /// (`None` for the edge's own).
+    fn as_store_error(&self) -> Option<StoreError> {
+        use StoreError as S;
+        Some(match self {
+            ServerError::Lock(e) => S::Lock(e.clone()),
+            ServerError::NotLeader { shard_id, leader } => S::NotLeader {
+                shard_id: *shard_id,
+                leader: leader.clone(),
+            },
+            ServerError::LeaderUnknown { shard_id } => S::LeaderUnknown {
+                shard_id: *shard_id,
+            },
+            ServerError::LeaderNotReady { shard_id } => S::LeaderNotReady {
+                shard_id: *shard_id,
+            },
+            ServerError::OutcomeUnknown { shard_id } => S::OutcomeUnknown {
+                shard_id: *shard_id,
+            },
+            ServerError::NoQuorum { shard_id } => S::NoQuorum {
+                shard_id: *shard_id,
+            },
+            ServerError::ShuttingDown => S::ShuttingDown,
+            ServerError::InvalidArgument { field, reason } => S::InvalidArgument {
+                field,
+                reason: reason.clone(),
+            },
+            ServerError::WaitTimedOut => S::WaitTimedOut,
+            ServerError::WaitCancelled => S::WaitCancelled,
+            ServerError::Storage(e) => S::Storage(e.clone()),
+            ServerError::Internal(e) => S::Internal(e.clone()),
+            ServerError::ShardNotHere { shard_id } => S::ShardNotHere {
+                shard_id: *shard_id,
+            },
+            ServerError::Placement(e) => S::Placement(e.clone()),
+            ServerError::ServerBusy
+            | ServerError::Config(_)
+            | ServerError::Routing(_)
+            | ServerError::PermissionDenied(_)
+            | ServerError::RateLimited { .. }
+            | ServerError::Security(_)
+            | ServerError::Listen(_) => return None,
+        })
+    }
+
     /// The wire reason of this error.
     pub fn reason(&self) -> Reason {
+        if let Some(store) = self.as_store_error() {
+            return store.reason();
+        }
         match self {
-            ServerError::Lock(e) => lock_reason(e),
-            ServerError::NotLeader { .. } => Reason::NotLeader,
-            ServerError::LeaderUnknown { .. } => Reason::LeaderUnknown,
-            ServerError::LeaderNotReady { .. } => Reason::LeaderNotReady,
-            ServerError::OutcomeUnknown { .. } => Reason::OutcomeUnknown,
-            ServerError::NoQuorum { .. } => Reason::NoQuorum,
             ServerError::ServerBusy => Reason::ServerBusy,
-            ServerError::ShuttingDown => Reason::ShuttingDown,
-            ServerError::InvalidArgument { field, .. } => invalid_argument_reason(field),
-            ServerError::WaitTimedOut => Reason::WaitTimedOut,
-            ServerError::WaitCancelled => Reason::WaitCancelled,
-            ServerError::Storage(_)
-            | ServerError::Config(_)
-            | ServerError::Internal(_)
-            | ServerError::Security(_)
-            | ServerError::Listen(_) => Reason::Internal,
             ServerError::PermissionDenied(_) => Reason::PermissionDenied,
             ServerError::RateLimited { .. } => Reason::RateLimited,
-            ServerError::ShardNotHere { .. } => Reason::ShardNotFound,
             ServerError::Routing(_) => Reason::EpochNotMatch,
-            // One mapping for every placement refusal: the controller's.
-            ServerError::Placement(e) => fencelock_controller::error::placement_reason(e),
+            // Config, Security, Listen: the node's own trouble.
+            _ => Reason::Internal,
         }
     }
 
@@ -193,63 +222,13 @@ impl ServerError {
     /// [`ServerError::Lock`] the caller may add it:
     /// `ErrorDetail { shard_id, ..err.to_detail() }`.
     pub fn to_detail(&self) -> ErrorDetail {
+        if let Some(store) = self.as_store_error() {
+            return store.to_detail();
+        }
         let base = ErrorDetail::new(self.reason(), self.to_string());
         match self {
-            ServerError::Lock(e) => lock_detail(e, base),
-            ServerError::NotLeader { shard_id, leader } => match leader {
-                Some(leader) => ErrorDetail {
-                    shard_id: *shard_id,
-                    leader: Some(LeaderHint {
-                        node_id: leader.node_id,
-                        address: leader.addr.clone(),
-                    }),
-                    ..base
-                },
-                // Without a hint, retrying at once would only ask the same
-                // node again: back off until an election settles.
-                None => ErrorDetail {
-                    shard_id: *shard_id,
-                    retry: RetryPolicy::Backoff as i32,
-                    retry_after_ms: LEADER_UNKNOWN_RETRY_AFTER_MS,
-                    ..base
-                },
-            },
-            ServerError::LeaderUnknown { shard_id } => ErrorDetail {
-                shard_id: *shard_id,
-                retry_after_ms: LEADER_UNKNOWN_RETRY_AFTER_MS,
-                ..base
-            },
-            ServerError::LeaderNotReady { shard_id } => ErrorDetail {
-                shard_id: *shard_id,
-                retry_after_ms: LEADER_NOT_READY_RETRY_AFTER_MS,
-                ..base
-            },
-            ServerError::OutcomeUnknown { shard_id } => ErrorDetail {
-                shard_id: *shard_id,
-                ..base
-            },
-            ServerError::NoQuorum { shard_id } => ErrorDetail {
-                shard_id: *shard_id,
-                retry_after_ms: NO_QUORUM_RETRY_AFTER_MS,
-                ..base
-            },
             ServerError::ServerBusy => ErrorDetail {
                 retry_after_ms: SERVER_BUSY_RETRY_AFTER_MS,
-                ..base
-            },
-            ServerError::InvalidArgument { field, .. } => ErrorDetail {
-                field: (*field).to_owned(),
-                ..base
-            },
-            ServerError::Storage(_)
-            | ServerError::Config(_)
-            | ServerError::Internal(_)
-            | ServerError::Listen(_) => ErrorDetail {
-                retry_after_ms: INTERNAL_RETRY_AFTER_MS,
-                ..base
-            },
-            ServerError::ShardNotHere { shard_id } => ErrorDetail {
-                shard_id: *shard_id,
                 ..base
             },
             ServerError::Routing(_) => ErrorDetail {
@@ -257,7 +236,6 @@ impl ServerError {
                 retry_after_ms: LEADER_UNKNOWN_RETRY_AFTER_MS,
                 ..base
             },
-            ServerError::Placement(_) => base,
             ServerError::RateLimited {
                 limit_per_sec,
                 retry_after_ms,
@@ -266,14 +244,14 @@ impl ServerError {
                 retry_after_ms: *retry_after_ms,
                 ..base
             },
-            ServerError::Security(_) => ErrorDetail {
-                retry_after_ms: INTERNAL_RETRY_AFTER_MS,
-                ..base
-            },
-            ServerError::ShuttingDown
-            | ServerError::WaitTimedOut
-            | ServerError::WaitCancelled
-            | ServerError::PermissionDenied(_) => base,
+            ServerError::Config(_) | ServerError::Security(_) | ServerError::Listen(_) => {
+                ErrorDetail {
+                    retry_after_ms: INTERNAL_RETRY_AFTER_MS,
+                    ..base
+                }
+            }
+            // PermissionDenied; the shared variants returned above.
+            _ => base,
         }
     }
 }
@@ -281,141 +259,5 @@ impl ServerError {
 impl From<ServerError> for tonic::Status {
     fn from(error: ServerError) -> tonic::Status {
         error.to_detail().to_status()
-    }
-}
-
-/// The reason for a malformed field, by the field's last path segment
-/// (`items[3].lease_id` reads as `lease_id`). Fields of the lock API have
-/// their own reasons; any other field is an admin request's.
-fn invalid_argument_reason(field: &str) -> Reason {
-    let leaf = field.rsplit('.').next().unwrap_or(field);
-    let leaf = leaf.split('[').next().unwrap_or(leaf);
-    match leaf {
-        "resource" => Reason::InvalidResource,
-        "request_id" => Reason::InvalidRequestId,
-        "lease_id" => Reason::InvalidLeaseId,
-        "lease_ttl_ms" => Reason::TtlOutOfRange,
-        "wait_timeout_ms" => Reason::WaitTimeoutOutOfRange,
-        "items" => Reason::BatchTooLarge,
-        _ => Reason::InvalidAdminRequest,
-    }
-}
-
-fn lock_reason(error: &LockError) -> Reason {
-    use LockError as E;
-    match error {
-        E::InvalidResource(_) => Reason::InvalidResource,
-        E::InvalidRequestId { .. } => Reason::InvalidRequestId,
-        E::TtlOutOfRange { .. } => Reason::TtlOutOfRange,
-        E::WaitTimeoutOutOfRange { .. } => Reason::WaitTimeoutOutOfRange,
-        E::BatchTooLarge { .. } => Reason::BatchTooLarge,
-        E::LockHeld { .. } => Reason::LockHeld,
-        E::QueueFull { .. } => Reason::QueueFull,
-        E::TenantWaitersExceeded { .. } => Reason::TenantWaitersExceeded,
-        E::DedupTableFull { .. } => Reason::DedupTableFull,
-        E::TableFull { .. } => Reason::TableFull,
-        E::RequestIdReused { .. } => Reason::RequestIdReused,
-        E::LeaseNotHeld => Reason::LeaseNotHeld,
-        E::LeaseIdCollision => Reason::LeaseIdCollision,
-        E::HoldLimitReached { .. } => Reason::HoldLimitReached,
-        E::TokenSpaceExhausted { .. } => Reason::TokenSpaceExhausted,
-        E::LeaderNotReady { .. } => Reason::LeaderNotReady,
-        E::StaleEpoch { .. } => Reason::EpochNotMatch,
-        // Internal commands are built by the server, never by a caller: a
-        // refusal is a server bug.
-        E::InvalidCommand { .. } => Reason::Internal,
-        // Routed by a stale map: refresh it and retry at the owner.
-        E::WrongShard { .. } => Reason::EpochNotMatch,
-        E::MigrationRefused { .. } => Reason::PlacementConflict,
-        E::PermissionDenied => Reason::PermissionDenied,
-        E::TenantQuotaExceeded { .. } => Reason::TenantQuotaExceeded,
-        // The server builds owners from verified certificates.
-        E::InvalidOwner { .. } => Reason::Internal,
-    }
-}
-
-/// Fills the fields a refusal of the state machine carries into `base`
-/// (which already has the reason, message and default retry).
-fn lock_detail(error: &LockError, base: ErrorDetail) -> ErrorDetail {
-    use LockError as E;
-    let field = |name: &str| name.to_owned();
-    match *error {
-        E::InvalidResource(_) => ErrorDetail {
-            field: field("resource"),
-            ..base
-        },
-        E::InvalidRequestId { max, .. } => ErrorDetail {
-            field: field("request_id"),
-            min_allowed: 1,
-            max_allowed: max as u64,
-            ..base
-        },
-        E::TtlOutOfRange { min_ms, max_ms, .. } => ErrorDetail {
-            field: field("lease_ttl_ms"),
-            min_allowed: min_ms,
-            max_allowed: max_ms,
-            ..base
-        },
-        E::WaitTimeoutOutOfRange { max_ms, .. } => ErrorDetail {
-            field: field("wait_timeout_ms"),
-            max_allowed: max_ms,
-            ..base
-        },
-        E::BatchTooLarge { max, .. } => ErrorDetail {
-            field: field("items"),
-            max_allowed: max as u64,
-            ..base
-        },
-        E::LockHeld {
-            holder_expires_at_ms,
-            queue_len,
-        } => ErrorDetail {
-            holder_expires_at_ms,
-            queue_length: queue_len,
-            ..base
-        },
-        E::QueueFull { limit }
-        | E::TenantWaitersExceeded { limit }
-        | E::DedupTableFull { limit }
-        | E::TableFull { limit }
-        | E::TenantQuotaExceeded { limit } => ErrorDetail {
-            max_allowed: u64::from(limit),
-            ..base
-        },
-        E::RequestIdReused { .. } => ErrorDetail {
-            field: field("request_id"),
-            ..base
-        },
-        E::HoldLimitReached { max_hold_ms, .. } => ErrorDetail {
-            max_allowed: max_hold_ms,
-            ..base
-        },
-        E::TokenSpaceExhausted { epoch } => ErrorDetail {
-            current_epoch: epoch,
-            retry_after_ms: TOKEN_SPACE_RETRY_AFTER_MS,
-            ..base
-        },
-        E::LeaderNotReady { .. } => ErrorDetail {
-            retry_after_ms: LEADER_NOT_READY_RETRY_AFTER_MS,
-            ..base
-        },
-        E::StaleEpoch { current_epoch, .. } => ErrorDetail {
-            current_epoch,
-            ..base
-        },
-        E::InvalidCommand { .. } => ErrorDetail {
-            retry_after_ms: INTERNAL_RETRY_AFTER_MS,
-            ..base
-        },
-        E::WrongShard { epoch, .. } => ErrorDetail {
-            current_epoch: epoch,
-            retry_after_ms: LEADER_UNKNOWN_RETRY_AFTER_MS,
-            ..base
-        },
-        E::LeaseNotHeld
-        | E::LeaseIdCollision
-        | E::MigrationRefused { .. }
-        | E::PermissionDenied
-        | E::InvalidOwner { .. } => base,
     }
 }

@@ -24,6 +24,7 @@ use tonic::transport::{Channel, Endpoint};
 
 use super::recorder::Recorder;
 use crate::history::{Call, ProcessId, Reply};
+use crate::retry::{NO_EFFECT_REASONS, RETRIED_REASONS};
 
 /// One attempt's timeout (plus the wait, for a waiting acquire).
 pub const ATTEMPT_TIMEOUT_MS: u64 = 1_500;
@@ -32,34 +33,6 @@ pub const CALL_DEADLINE_MS: u64 = 6_000;
 pub const CONNECT_TIMEOUT_MS: u64 = 500;
 /// Pause between attempts, in ms (random within).
 const RETRY_PAUSE_MS: (u64, u64) = (20, 150);
-
-/// Refusals that say where or when to try again (routing, availability).
-/// Only these are retried; every other refusal — the lock is held, the
-/// wait ran out, a queue is full, the lease is gone — is the call's
-/// definite answer, even where the error contract allows a later retry.
-pub const RETRIED_REASONS: [Reason; 10] = [
-    Reason::NotLeader,
-    Reason::LeaderUnknown,
-    Reason::NoQuorum,
-    Reason::LeaderNotReady,
-    Reason::TokenSpaceExhausted,
-    Reason::ShuttingDown,
-    Reason::ServerBusy,
-    Reason::OutcomeUnknown,
-    Reason::EpochNotMatch,
-    Reason::LeaseIdCollision,
-];
-
-/// Retried refusals documented as "nothing was changed": an attempt ending
-/// with one of them took no effect.
-pub const NO_EFFECT_REASONS: [Reason; 6] = [
-    Reason::NotLeader,
-    Reason::EpochNotMatch,
-    Reason::ServerBusy,
-    Reason::LeaderNotReady,
-    Reason::TokenSpaceExhausted,
-    Reason::LeaseIdCollision,
-];
 
 /// How a logical call ended, before recording.
 enum Ended<T> {

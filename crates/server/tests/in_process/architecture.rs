@@ -1,6 +1,8 @@
 //! The crate graph is the architecture (docs/architecture.md, "Crates"):
 //! dependencies only point down, the pure and storage crates never pull in
-//! gRPC, and the transport's fault rules never reach a release build.
+//! protobuf or gRPC, the store loop, the controller and the deterministic
+//! simulation never pull in gRPC, HTTP or TLS, and the transport's fault
+//! rules never reach a release build.
 //! Checked with `cargo tree` on the workspace these tests were built from.
 
 use std::collections::BTreeSet;
@@ -27,60 +29,98 @@ fn cargo_tree(args: &[&str]) -> String {
     String::from_utf8(out.stdout).expect("UTF-8")
 }
 
-/// Every package in `krate`'s normal (non-dev) dependency tree, by name.
-fn normal_dependencies(krate: &str) -> BTreeSet<String> {
-    cargo_tree(&["-p", krate, "-e", "normal,build", "-f", "{p}"])
+/// Every package in the dependency tree of `krate` over `edges`, by name,
+/// with the features a build of `krate` alone resolves (so a feature that
+/// only another workspace member enables does not count).
+fn dependencies(krate: &str, edges: &str) -> BTreeSet<String> {
+    cargo_tree(&["-p", krate, "-e", edges, "-f", "{p}"])
         .lines()
         .filter_map(|l| l.split_whitespace().next())
         .map(str::to_owned)
         .collect()
 }
 
-/// The crates a release build of the node must never carry beneath these
-/// layers: gRPC, HTTP, TLS.
-const EDGE_ONLY: &[&str] = &["tonic", "axum", "hyper", "rustls", "tokio-rustls", "prost"];
+/// Every package in `krate`'s normal (non-dev) dependency tree, by name.
+fn normal_dependencies(krate: &str) -> BTreeSet<String> {
+    dependencies(krate, "normal,build")
+}
+
+/// gRPC, HTTP and TLS: the node's edge (server, transport, CLI, clients)
+/// only. Code generators (`tonic-build`) are not among them.
+const GRPC_HTTP_TLS: &[&str] = &[
+    "tonic",
+    "tonic-prost",
+    "axum",
+    "hyper",
+    "h2",
+    "rustls",
+    "tokio-rustls",
+];
+
+fn found<'a>(deps: &BTreeSet<String>, forbidden: &[&'a str]) -> Vec<&'a str> {
+    forbidden
+        .iter()
+        .copied()
+        .filter(|f| deps.contains(*f))
+        .collect()
+}
 
 #[test]
-fn the_state_machine_placement_storage_router_and_store_loop_never_depend_on_grpc() {
+fn the_state_machine_placement_codec_storage_and_router_never_depend_on_protobuf_or_grpc() {
+    let mut forbidden = GRPC_HTTP_TLS.to_vec();
+    forbidden.push("prost");
     for krate in [
         "fencelock-statemachine",
         "fencelock-placement",
         "fencelock-codec",
         "fencelock-storage",
         "fencelock-router",
-        "fencelock-multiraft",
     ] {
-        let deps = normal_dependencies(krate);
-        let edge: Vec<&&str> = EDGE_ONLY.iter().filter(|e| deps.contains(**e)).collect();
+        let edge = found(&normal_dependencies(krate), &forbidden);
         assert!(edge.is_empty(), "{krate} depends on {edge:?}");
     }
 }
 
-/// The controller speaks to nodes through its `NodeApi` trait: gRPC is the
-/// server's business. (It still reaches tonic through `fencelock-api`'s
-/// generated services; its own manifest names no gRPC, HTTP or TLS crate.)
+/// The store loop answers in the contract's messages (its errors' wire
+/// form) and the controller speaks to nodes through its `NodeApi` trait:
+/// both use `fencelock-api` without its `grpc` feature, so neither reaches
+/// tonic, HTTP or TLS, directly or through the API crate.
 #[test]
-fn the_controller_uses_no_grpc_of_its_own() {
-    let direct: BTreeSet<String> = cargo_tree(&[
-        "-p",
+fn the_store_loop_and_the_controller_build_without_grpc_http_or_tls() {
+    for krate in ["fencelock-multiraft", "fencelock-controller"] {
+        let deps = normal_dependencies(krate);
+        assert!(
+            deps.contains("fencelock-api"),
+            "{krate}: read the tree: {deps:?}"
+        );
+        let edge = found(&deps, GRPC_HTTP_TLS);
+        assert!(edge.is_empty(), "{krate} depends on {edge:?}");
+    }
+}
+
+/// The deterministic simulation runs the real store loop and the
+/// controller's migration protocol without the node's edge: no gRPC, HTTP
+/// or TLS anywhere in what its tests build (dev-dependencies included).
+#[test]
+fn the_deterministic_simulation_builds_without_grpc_http_or_tls() {
+    let deps = dependencies("fencelock-simulation", "normal,build,dev");
+    for needed in [
+        "fencelock-multiraft",
         "fencelock-controller",
-        "-e",
-        "normal",
-        "--depth",
-        "1",
-        "-f",
-        "{p}",
-    ])
-    .lines()
-    .filter_map(|l| l.split_whitespace().next())
-    .map(str::to_owned)
-    .collect();
+        "fencelock-nemesis",
+    ] {
+        assert!(deps.contains(needed), "read the tree: {deps:?}");
+    }
+    let edge = found(&deps, GRPC_HTTP_TLS);
     assert!(
-        direct.contains("fencelock-api"),
-        "read the tree: {direct:?}"
+        edge.is_empty(),
+        "the simulation depends on {edge:?}: `cargo tree -p fencelock-simulation -e normal,build,dev -i {}` says through what",
+        edge[0]
     );
-    let edge: Vec<&&str> = EDGE_ONLY.iter().filter(|e| direct.contains(**e)).collect();
-    assert!(edge.is_empty(), "fencelock-controller depends on {edge:?}");
+    assert!(
+        !deps.contains("fencelock-server") && !deps.contains("fencelock-transport"),
+        "the simulation builds the node's edge: {deps:?}"
+    );
 }
 
 #[test]
@@ -99,6 +139,10 @@ fn the_crate_dependencies_only_point_down() {
             &["fencelock-statemachine", "fencelock-placement"],
         ),
         (
+            "fencelock-api",
+            &["fencelock-statemachine", "fencelock-placement"],
+        ),
+        (
             "fencelock-multiraft",
             &[
                 "fencelock-statemachine",
@@ -106,6 +150,7 @@ fn the_crate_dependencies_only_point_down() {
                 "fencelock-codec",
                 "fencelock-storage",
                 "fencelock-router",
+                "fencelock-api",
             ],
         ),
         (

@@ -580,3 +580,51 @@ fn the_caller_can_add_the_shard_to_a_lock_error() {
     assert_eq!(back.shard_id, 4);
     assert_eq!(back.holder_expires_at_ms, 9);
 }
+
+/// The deterministic simulation reads the store's errors through
+/// `StoreError::to_detail` (it does not build the server): the node must
+/// answer every store error exactly so, or the simulation checks a
+/// different contract from the one clients see.
+#[test]
+fn the_node_answers_every_store_error_as_the_store_maps_it() {
+    use fencelock_placement::PlacementError;
+    use fencelock_server::router::LeaderInfo;
+    use fencelock_server::store::StoreError;
+
+    let samples = [
+        StoreError::Lock(LockError::LeaseNotHeld),
+        StoreError::Lock(LockError::QueueFull { limit: 7 }),
+        StoreError::NotLeader {
+            shard_id: 3,
+            leader: Some(LeaderInfo {
+                node_id: 2,
+                addr: "10.0.0.2:7000".to_owned(),
+            }),
+        },
+        StoreError::NotLeader {
+            shard_id: 3,
+            leader: None,
+        },
+        StoreError::LeaderUnknown { shard_id: 4 },
+        StoreError::LeaderNotReady { shard_id: 4 },
+        StoreError::OutcomeUnknown { shard_id: 5 },
+        StoreError::NoQuorum { shard_id: 6 },
+        StoreError::ShuttingDown,
+        StoreError::InvalidArgument {
+            field: "lease_ttl_ms",
+            reason: "too long".to_owned(),
+        },
+        StoreError::WaitTimedOut,
+        StoreError::WaitCancelled,
+        StoreError::Storage("disk".to_owned()),
+        StoreError::Internal("bug".to_owned()),
+        StoreError::ShardNotHere { shard_id: 9 },
+        StoreError::Placement(PlacementError::UnknownShard { shard_id: 9 }),
+    ];
+    for store in samples {
+        let node = ServerError::from(store.clone());
+        assert_eq!(node.reason(), store.reason(), "{store:?}");
+        assert_eq!(node.to_detail(), store.to_detail(), "{store:?}");
+        assert_eq!(node.to_string(), store.to_string(), "{store:?}");
+    }
+}

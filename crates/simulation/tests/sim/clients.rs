@@ -7,10 +7,10 @@
 
 use std::collections::BTreeMap;
 
+use fencelock_multiraft::StoreError;
+use fencelock_multiraft::{AcquireResult, ReadReply, ReplyResult, Responder, StoreMsg};
 use fencelock_nemesis::fence::{FencedResource, WriteOutcome};
 use fencelock_nemesis::history::{Call, Event, ProcessId, Reply};
-use fencelock_server::store::StoreError;
-use fencelock_server::store::{AcquireResult, ReadReply, ReplyResult, Responder, StoreMsg};
 use fencelock_statemachine::{
     slot_of, AcquireStatus, Command, LeaseId, Owner, Reply as LockReply, RequestId, ResourceName,
 };
@@ -48,7 +48,7 @@ const PAUSE_PER_MILLE: u32 = 40;
 // Retried refusals, and those documented as "nothing was changed": the
 // same lists as the real-process harness client, so both record outcomes
 // alike.
-use fencelock_nemesis::harness::lock_client::{NO_EFFECT_REASONS, RETRIED_REASONS};
+use fencelock_nemesis::retry::{NO_EFFECT_REASONS, RETRIED_REASONS};
 
 pub fn resource_name(i: usize) -> String {
     format!("sim/r-{i}")
@@ -594,7 +594,7 @@ impl Clients {
     /// refused so may have taken effect).
     fn refused(&mut self, world: &mut World, client: usize, e: StoreError) {
         // The reason the gRPC edge would answer with.
-        let reason = fencelock_server::errors::ServerError::from(e.clone()).reason();
+        let reason = e.reason();
         let c = &mut self.clients[client];
         let op = c.op.as_mut().expect("an op");
         if RETRIED_REASONS.contains(&reason) {

@@ -13,8 +13,8 @@
 //! In each, a third caller queued behind the orphan must get the lock
 //! within a few seconds, far sooner than the orphan's 20 s lease would end.
 
+use fencelock_multiraft::{AcquireResult, ReplyResult, Responder, StoreMsg};
 use fencelock_placement::PlacementMap;
-use fencelock_server::store::{AcquireResult, ReplyResult, Responder, StoreMsg};
 use fencelock_statemachine::{
     slot_of, AcquireStatus, Command, LeaseId, Owner, Reply, RequestId, ResourceName, SlotSet,
 };

@@ -16,11 +16,10 @@ use std::task::{Context, Poll, Waker};
 
 use fencelock_api::v1::Reason;
 use fencelock_controller::reshard::{self, Cluster, Resharded};
+use fencelock_controller::ControllerError;
+use fencelock_multiraft::StoreError;
+use fencelock_multiraft::{PeerInit, Responder, ShardStatus, StoreMsg};
 use fencelock_placement::{PlacementCommand, PlacementMap, META_SHARD_ID};
-use fencelock_server::errors::ServerError;
-use fencelock_server::store::StoreError;
-use fencelock_server::store::{PeerInit, Responder, ShardStatus, StoreMsg};
-use fencelock_server::ControllerError;
 use fencelock_statemachine::{
     slot_of, AcquireStatus, Command, LeaseId, LockError, Owner, Reply, RequestId, ResourceName,
 };
@@ -1046,8 +1045,9 @@ fn a_split_interrupted_at_any_step_is_finished_by_resume() {
     }
 }
 
-/// A store error as a node's gRPC edge answers it (the server's mapping),
-/// decoded as the controller's node calls decode it.
+/// A store error as a node's gRPC edge answers it (the store's own wire
+/// mapping, which the server answers with), decoded as the controller's
+/// node calls decode it.
 fn wire(e: StoreError) -> ControllerError {
-    ServerError::from(e).to_detail().into()
+    e.to_detail().into()
 }

@@ -5,8 +5,8 @@
 //! applies. The cancel lands after the retry in the log and must leave the
 //! acquire the retry attached to alone (docs/safety.md, "Waiting").
 
+use fencelock_multiraft::{AcquireResult, ReplyResult, Responder, StoreMsg};
 use fencelock_placement::PlacementMap;
-use fencelock_server::store::{AcquireResult, ReplyResult, Responder, StoreMsg};
 use fencelock_statemachine::{
     slot_of, AcquireStatus, Command, LeaseId, Owner, Reply, RequestId, ResourceName,
 };

@@ -15,11 +15,11 @@ pub mod orphans;
 pub mod reshard;
 pub mod world;
 
+use fencelock_multiraft::{SimFault, StoreMsg};
 use fencelock_nemesis::check::{self, CheckConfig, Status, Verdict};
 use fencelock_nemesis::fence::{FenceMode, FencedResource};
 use fencelock_nemesis::history::{Event, History, Phase};
 use fencelock_placement::PlacementMap;
-use fencelock_server::store::{SimFault, StoreMsg};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 

@@ -14,9 +14,9 @@ mod sim;
 
 use std::time::Instant;
 
+use fencelock_multiraft::SimFault;
 use fencelock_nemesis::fence::FenceMode;
 use fencelock_nemesis::history::write_jsonl;
-use fencelock_server::store::SimFault;
 
 use sim::{SimOptions, SimRun};
 
@@ -29,7 +29,7 @@ const PARTS: u64 = 4;
 const BROKEN_SEEDS: u64 = 60;
 
 fn replay_command(seed: u64) -> String {
-    format!("FENCELOCK_SIM_SEED={seed} cargo test --workspace --test simulation -- --nocapture")
+    format!("FENCELOCK_SIM_SEED={seed} cargo test -p fencelock-simulation --test simulation -- --nocapture")
 }
 
 fn env_u64(name: &str) -> Option<u64> {

@@ -12,15 +12,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use fencelock_placement::PlacementMap;
-use fencelock_server::audit::AuditLog;
-use fencelock_server::config::NodeConfig;
-use fencelock_server::metrics::Metrics;
-use fencelock_server::router::Router;
-use fencelock_server::store::{
+use fencelock_multiraft::audit::AuditLog;
+use fencelock_multiraft::metrics::StoreHandles;
+use fencelock_multiraft::{
     Clock, Observers, PeerSink, ShardStatus, SimFault, Store, StoreIo, StoreMsg,
 };
-use fencelock_server::transport::Envelope;
+use fencelock_multiraft::{Envelope, StoreConfig};
+use fencelock_placement::PlacementMap;
+use fencelock_router::Router;
 use fencelock_storage::MemEngine;
 use rand::rngs::StdRng;
 use rand::Rng;
@@ -89,7 +88,7 @@ impl PeerSink for CaptureSink {
 
 pub struct Node {
     pub id: u64,
-    config: NodeConfig,
+    config: StoreConfig,
     /// Survives crashes; only what was synced survives a crash.
     engine: MemEngine,
     clock: Arc<SimClock>,
@@ -161,21 +160,27 @@ pub struct Stats {
     pub transfers: u64,
 }
 
-fn node_config(id: u64) -> NodeConfig {
+fn node_config(id: u64) -> StoreConfig {
     let peers: Vec<(u64, String)> = (1..=NODES)
         .map(|n| (n, format!("10.0.0.{n}:7000")))
         .collect();
-    let mut config = NodeConfig::for_test(id, "/nonexistent/sim", peers);
+    let mut config = StoreConfig::for_test(id, peers.iter().map(|(id, addr)| (*id, addr.as_str())));
     config.shard_count = DATA_SHARDS;
     config.raft.tick_interval_ms = TICK_MS;
     config.raft.snapshot_interval_entries = SNAPSHOT_INTERVAL_ENTRIES;
     config.raft.clock_offset_allowance_ms = CLOCK_OFFSET_ALLOWANCE_MS;
-    config.lock.min_lease_ttl_ms = 100;
-    config.lock.default_lease_ttl_ms = 1_000;
-    if let Err(e) = config.validate() {
+    config.limits.min_lease_ttl_ms = 100;
+    validate(&config);
+    config
+}
+
+/// The store's own checks of a configuration (the lock limits; the node's
+/// file-level range checks belong to the server, which the simulation does
+/// not build).
+fn validate(config: &StoreConfig) {
+    if let Err(e) = config.limits.validate() {
         panic!("simulation config does not validate: {e}");
     }
-    config
 }
 
 impl World {
@@ -187,7 +192,7 @@ impl World {
     pub fn with_config(
         rng: StdRng,
         fault: Option<SimFault>,
-        tweak: impl Fn(&mut NodeConfig),
+        tweak: impl Fn(&mut StoreConfig),
     ) -> World {
         let mut world = World {
             now_ms: 0,
@@ -207,9 +212,7 @@ impl World {
                 .random_range(-(MAX_CLOCK_SKEW_MS as i64)..=MAX_CLOCK_SKEW_MS as i64);
             let mut config = node_config(id);
             tweak(&mut config);
-            if let Err(e) = config.validate() {
-                panic!("tweaked simulation config does not validate: {e}");
-            }
+            validate(&config);
             world.nodes.push(Node {
                 id,
                 config,
@@ -231,7 +234,7 @@ impl World {
     }
 
     /// The placement the nodes bootstrap with: which shard serves a slot.
-    pub fn bootstrap_config() -> NodeConfig {
+    pub fn bootstrap_config() -> StoreConfig {
         node_config(1)
     }
 
@@ -281,12 +284,12 @@ impl World {
         let (_tx, inbox) = crossbeam_channel::unbounded();
         let router = Arc::new(Router::new(node.config.peer_map()));
         let obs = Observers {
-            metrics: Metrics::new(id).store_locals(),
+            metrics: StoreHandles::register(&prometheus::Registry::new()).locals(),
             audit: AuditLog::disabled(),
         };
         node.router = Some(router.clone());
         let mut store = match Store::open_with(
-            node.config.store_config(),
+            node.config.clone(),
             io,
             inbox,
             node.status.clone(),

@@ -10,6 +10,7 @@
 //! * A renewal a few seconds before the hold cap grants only those seconds;
 //!   the lock goes to the next holder at the cap, after the stop-by.
 
+use fencelock_multiraft::StoreConfig;
 use fencelock_placement::PlacementMap;
 use fencelock_statemachine::{
     slot_of, AcquireStatus, Command, LeaseId, Owner, Reply, ResourceName,
@@ -24,7 +25,7 @@ use super::world::World;
 /// default is 5%); the checks below use none, the strictest reading.
 const TTL_MS: u64 = 5_000;
 
-fn shard_of(world_config: &fencelock_server::config::NodeConfig, resource: &ResourceName) -> u64 {
+fn shard_of(world_config: &StoreConfig, resource: &ResourceName) -> u64 {
     let nodes: Vec<(u64, String)> = world_config.peer_map().into_iter().collect();
     let map = PlacementMap::bootstrap(
         &nodes,
@@ -134,8 +135,8 @@ fn a_late_deduplicated_answer_then_failed_renewals_never_overlaps_the_next_holde
 fn a_renewal_before_the_hold_cap_grants_only_the_time_left_before_it() {
     const MAX_HOLD_MS: u64 = 600_000;
     let mut world = World::with_config(StdRng::seed_from_u64(23), None, |c| {
-        c.lock.max_hold_ms = MAX_HOLD_MS;
-        c.lock.max_lease_ttl_ms = 60_000;
+        c.limits.max_hold_ms = MAX_HOLD_MS;
+        c.limits.max_lease_ttl_ms = 60_000;
     });
     let resource = ResourceName::parse("sim/hold-cap").expect("valid");
     let shard_id = shard_of(&World::bootstrap_config(), &resource);
