@@ -1,5 +1,6 @@
-//! Ready handling: every shard's `Ready` staged into one `WriteBatch`, one
-//! synced write (group commit), then messages sent and `RawNode`s advanced.
+//! Ready handling: every shard's `Ready` staged into one `WriteBatch`, the
+//! leaders' messages sent, one synced write (group commit), then the
+//! messages that need it durable sent and `RawNode`s advanced.
 
 use std::collections::BTreeMap;
 
@@ -68,8 +69,18 @@ impl Store {
                 on_role_change(peer, role, self.time.as_ref());
             }
             entries_staged += rd.entries().len() as u64;
-            // A leader may send before persisting (Raft thesis 10.2.1).
+            // What raft-rs may send before this ready is persisted: only a
+            // leader's messages (appends, heartbeats, snapshots from saved
+            // state; Raft thesis 10.2.1). They leave before the synced
+            // write below, so followers write in parallel with the leader.
+            // A follower's or candidate's messages (acks, votes) are
+            // `persisted_messages`, sent after the write.
             snapshots_sent += queue_messages(&mut outbox, *shard_id, rd.take_messages());
+            #[cfg(feature = "simulation")]
+            if self.sim_fault == Some(crate::SimFault::AckBeforePersist) {
+                snapshots_sent +=
+                    queue_messages(&mut outbox, *shard_id, rd.take_persisted_messages());
+            }
             let store = peer.raw.mut_store();
             let mut snapshot_data = None;
             if !rd.snapshot().is_empty() {
@@ -107,10 +118,19 @@ impl Store {
             // from the durable state.
             panic!("fencelock: staging a Raft ready failed; stopping the node");
         }
+        // Send before persist: the leaders' messages go out now, so the
+        // followers' fsyncs overlap this node's instead of following it. A
+        // leader counts its own copy towards a majority only once this
+        // write returns (raft-rs updates its own progress at `advance`),
+        // so nothing commits on an entry the leader may still lose unless
+        // a majority of followers has it durable (docs/safety.md,
+        // "Sending before persisting").
+        self.send_outbox(std::mem::take(&mut outbox));
         let synced_at = self.time.now();
         // Failpoints (feature `failpoints`, docs/testing.md): a slow disk on
         // a leader, and a crash (abort: no unwinding, like SIGKILL) with
-        // entries durable but nothing sent, applied or answered.
+        // entries durable, the leaders' appends sent, and nothing applied,
+        // answered or acknowledged.
         if self.peers.values().any(Peer::is_leader) {
             fail::fail_point!("store::leader_sync");
         }
@@ -131,8 +151,7 @@ impl Store {
         m.fsync_entries.observe(entries_staged as f64);
         m.fsync_commands
             .observe(std::mem::take(&mut m.commands_since_sync) as f64);
-        self.send_outbox(outbox);
-        let mut outbox: BTreeMap<u64, Vec<Envelope>> = BTreeMap::new();
+        debug_assert!(outbox.is_empty(), "pre-persist messages already sent");
         for (shard_id, mut rd, snapshot, committed_at) in readies {
             let peer = self.peers.get_mut(&shard_id).expect("listed");
             let mut obs = observe::ApplyObs {

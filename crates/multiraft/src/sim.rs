@@ -12,6 +12,10 @@ pub enum SimFault {
     /// allowance: inherited leases keep the old leader's stamped expiry,
     /// and a new leader whose clock runs ahead frees them early.
     SkipLeaseExtension,
+    /// A follower acknowledges appended entries (and a candidate asks for
+    /// votes) before its synced write instead of after it: a leader may
+    /// count a copy a crash can still lose.
+    AckBeforePersist,
 }
 
 impl Store {

@@ -164,6 +164,21 @@ fn skipping_the_lease_extension_on_leader_change_is_caught_by_the_checkers() {
 }
 
 #[test]
+fn acknowledging_before_persisting_is_caught_by_the_durability_check() {
+    let seed = first_seed_failing(
+        |seed| SimOptions {
+            store_fault: Some(SimFault::AckBeforePersist),
+            ..SimOptions::new(seed)
+        },
+        "durable",
+    );
+    assert!(
+        seed.is_some(),
+        "no seed in 1..={BROKEN_SEEDS} caught a store that acknowledges before persisting"
+    );
+}
+
+#[test]
 fn an_unfenced_protected_resource_is_caught_by_the_fence_checker() {
     let seed = first_seed_failing(
         |seed| SimOptions {

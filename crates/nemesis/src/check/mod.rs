@@ -103,7 +103,10 @@ pub struct Verdict {
 }
 
 impl Verdict {
-    fn new(checker: &'static str) -> Verdict {
+    /// A passing verdict of `checker` that has looked at nothing yet; also
+    /// for checks made outside this module (the simulation's durability
+    /// check).
+    pub fn new(checker: &'static str) -> Verdict {
         Verdict {
             checker,
             status: Status::Pass,
@@ -114,7 +117,7 @@ impl Verdict {
     }
 
     /// Records a violation: the verdict fails.
-    fn fail(&mut self, problem: String) {
+    pub fn fail(&mut self, problem: String) {
         self.status = Status::Fail;
         self.note(problem);
     }

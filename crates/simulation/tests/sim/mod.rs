@@ -131,6 +131,20 @@ fn nemesis(world: &mut World, events: &mut Vec<Event>, faults: &mut Vec<String>)
             if world.up_count() <= 1 {
                 return;
             }
+            // A third of the leader crashes happen inside the leader's next
+            // synced write: its appends already left (send before persist),
+            // its own copy may be lost.
+            if roll < 5 {
+                if world.crash_in_next_sync(id, hold) {
+                    note(
+                        world,
+                        events,
+                        "crash-in-sync",
+                        format!("node {id} at its next synced write, down {hold} ms"),
+                    );
+                }
+                return;
+            }
             world.crash(id);
             note(world, events, "crash", format!("node {id}, down {hold} ms"));
             world.schedule(now + hold, Ev::Restart { node: id });
@@ -201,6 +215,7 @@ fn nemesis(world: &mut World, events: &mut Vec<Event>, faults: &mut Vec<String>)
 /// Runs one seed to the end and checks its history.
 pub fn run(options: &SimOptions) -> SimRun {
     let mut world = World::new(StdRng::seed_from_u64(options.seed), options.store_fault);
+    world.report_durability = true;
     let config = World::bootstrap_config();
     let nodes: Vec<(u64, String)> = config.peer_map().into_iter().collect();
     let map = match PlacementMap::bootstrap(
@@ -268,7 +283,8 @@ pub fn run(options: &SimOptions) -> SimRun {
         linear_max_steps: LINEAR_MAX_STEPS,
         ..CheckConfig::default()
     };
-    let verdicts = check::check_all(&history, &check_config);
+    let mut verdicts = check::check_all(&history, &check_config);
+    verdicts.push(world.durability.clone());
     SimRun {
         events,
         history,

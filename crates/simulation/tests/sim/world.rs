@@ -8,7 +8,8 @@
 //! RNG. So a seed is a complete, exact replay.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -18,9 +19,11 @@ use fencelock_multiraft::{
     Clock, Observers, PeerSink, ShardStatus, SimFault, Store, StoreIo, StoreMsg,
 };
 use fencelock_multiraft::{Envelope, StoreConfig};
+use fencelock_nemesis::check::Verdict;
 use fencelock_placement::PlacementMap;
 use fencelock_router::Router;
-use fencelock_storage::MemEngine;
+use fencelock_storage::engine::IterCallback;
+use fencelock_storage::{keys, Cf, Engine, MemEngine, WriteBatch};
 use rand::rngs::StdRng;
 use rand::Rng;
 
@@ -70,6 +73,43 @@ impl Clock for SimClock {
     }
 }
 
+/// A node's disk: a crash-mode [`MemEngine`] that can also die in the
+/// middle of a synced write. Armed, the next synced write reaches the page
+/// cache only (a crash keeps it only as it keeps any unsynced write) and
+/// fails, so the store stops right there: after what it may send before
+/// persisting (a leader's appends) went out, before anything that needs
+/// the write durable (acknowledgements, applies, answers).
+struct SimDisk {
+    inner: MemEngine,
+    die_at_next_sync: AtomicBool,
+}
+
+impl Engine for SimDisk {
+    fn get(&self, cf: Cf, key: &[u8]) -> fencelock_storage::Result<Option<Vec<u8>>> {
+        self.inner.get(cf, key)
+    }
+
+    fn write(&self, batch: &WriteBatch, sync: bool) -> fencelock_storage::Result<()> {
+        if sync && !batch.is_empty() && self.die_at_next_sync.swap(false, Ordering::Relaxed) {
+            self.inner.write(batch, false)?;
+            // Which error does not matter: the store stops on any failed
+            // write.
+            return Err(fencelock_storage::Error::Poisoned);
+        }
+        self.inner.write(batch, sync)
+    }
+
+    fn iterate(
+        &self,
+        cf: Cf,
+        start: &[u8],
+        end: &[u8],
+        f: &mut IterCallback<'_>,
+    ) -> fencelock_storage::Result<()> {
+        self.inner.iterate(cf, start, end, f)
+    }
+}
+
 /// Captures what a store sends; the world routes it after each step.
 #[derive(Default)]
 struct CaptureSink {
@@ -90,7 +130,9 @@ pub struct Node {
     pub id: u64,
     config: StoreConfig,
     /// Survives crashes; only what was synced survives a crash.
-    engine: MemEngine,
+    engine: Arc<SimDisk>,
+    /// When armed to die in a synced write: how long it stays down then.
+    down_after_dying_ms: Option<u64>,
     clock: Arc<SimClock>,
     sink: Arc<CaptureSink>,
     status: Arc<Mutex<Vec<ShardStatus>>>,
@@ -144,6 +186,14 @@ pub struct World {
     cut: BTreeMap<(u64, u64), u32>,
     fault: Option<SimFault>,
     pub stats: Stats,
+    /// The durability property's verdict (see
+    /// `check_commits_are_durable_on_a_majority`), reported with the
+    /// history checkers'.
+    pub durability: Verdict,
+    /// Whether a durability violation is left in [`World::durability`] for
+    /// the caller to report (the seeded runs); otherwise it panics at once
+    /// (the scenario tests, which report no verdicts).
+    pub report_durability: bool,
 }
 
 /// What the run did, for the report.
@@ -155,6 +205,8 @@ pub struct Stats {
     pub duplicated: u64,
     pub delayed: u64,
     pub crashes: u64,
+    /// Crashes in the middle of a synced write (counted in `crashes` too).
+    pub died_in_sync: u64,
     pub lost_unsynced_writes: u64,
     pub partitions: u64,
     pub transfers: u64,
@@ -205,6 +257,8 @@ impl World {
             cut: BTreeMap::new(),
             fault,
             stats: Stats::default(),
+            durability: Verdict::new("durable"),
+            report_durability: false,
         };
         for id in 1..=NODES {
             let skew = world
@@ -216,7 +270,11 @@ impl World {
             world.nodes.push(Node {
                 id,
                 config,
-                engine: MemEngine::with_crash_mode(),
+                engine: Arc::new(SimDisk {
+                    inner: MemEngine::with_crash_mode(),
+                    die_at_next_sync: AtomicBool::new(false),
+                }),
+                down_after_dying_ms: None,
                 clock: Arc::new(SimClock {
                     base: world.base,
                     now_ms: world.time.clone(),
@@ -275,7 +333,7 @@ impl World {
             return;
         }
         let io = StoreIo {
-            engine: Arc::new(node.engine.clone()),
+            engine: node.engine.clone(),
             sink: node.sink.clone(),
             clock: node.clock.clone(),
             fixed_election_timeout: true,
@@ -319,7 +377,7 @@ impl World {
     /// on it sees a closed channel), and the engine keeps its synced writes
     /// plus a random prefix of the unsynced ones.
     pub fn crash(&mut self, id: u64) {
-        let unsynced = self.node(id).engine.unsynced_writes().unwrap_or(0);
+        let unsynced = self.node(id).engine.inner.unsynced_writes().unwrap_or(0);
         let keep = self.rng.random_range(0..=unsynced);
         let node = self.node(id);
         let Some(store) = node.store.take() else {
@@ -327,9 +385,92 @@ impl World {
         };
         drop(store);
         node.sink.out.lock().map(|mut o| o.clear()).ok();
-        let lost = node.engine.crash(keep).unwrap_or(0);
+        node.engine.die_at_next_sync.store(false, Ordering::Relaxed);
+        node.down_after_dying_ms = None;
+        let lost = node.engine.inner.crash(keep).unwrap_or(0);
         self.stats.crashes += 1;
         self.stats.lost_unsynced_writes += lost as u64;
+    }
+
+    /// Arms node `id` to die in the middle of its next synced write (see
+    /// [`SimDisk`]), to be restarted `down_ms` after that. Returns false
+    /// when the node is down.
+    pub fn crash_in_next_sync(&mut self, id: u64, down_ms: u64) -> bool {
+        let node = self.node(id);
+        if node.store.is_none() {
+            return false;
+        }
+        node.engine.die_at_next_sync.store(true, Ordering::Relaxed);
+        node.down_after_dying_ms = Some(down_ms);
+        true
+    }
+
+    /// Property: a leader never counts an entry committed — and so never
+    /// applies it or answers a client from it — before a majority of the
+    /// shard's voters has it durable: their synced state holds that very
+    /// entry, or a log compacted past it (applied, so the same entry).
+    /// With send-before-persist the majority may be the followers without
+    /// the leader. Checked at each of node `id`'s ticks, against the
+    /// commit index it publishes then.
+    fn check_commits_are_durable_on_a_majority(&mut self, id: u64) {
+        let mut checked = 0;
+        let mut problems = Vec::new();
+        let node = &self.nodes[(id - 1) as usize];
+        if node.store.is_none() {
+            return;
+        }
+        let statuses = match node.status.lock() {
+            Ok(s) => s.clone(),
+            Err(_) => return,
+        };
+        for st in statuses
+            .iter()
+            .filter(|s| s.is_leader && s.commit_index > 0)
+        {
+            let key = keys::log_key(st.shard_id, st.commit_index);
+            let Ok(Some(entry)) = node.engine.inner.get(Cf::Raft, &key) else {
+                // Compacted on the leader itself: applied long ago.
+                continue;
+            };
+            let after = keys::log_key(st.shard_id, st.commit_index + 1);
+            let end = keys::log_key(st.shard_id, u64::MAX);
+            let durable = st
+                .voters
+                .iter()
+                .filter(|v| {
+                    let disk = &self.nodes[(**v - 1) as usize].engine.inner;
+                    match disk.durable_get(Cf::Raft, &key) {
+                        Ok(Some(bytes)) => bytes == entry,
+                        Ok(None) => disk
+                            .durable_has_any(Cf::Raft, &after, &end)
+                            .unwrap_or(false),
+                        Err(_) => false,
+                    }
+                })
+                .count();
+            checked += 1;
+            if durable * 2 <= st.voters.len() {
+                problems.push(format!(
+                    "at {} ms node {id} leads shard {} with commit index {} durable on only {durable} of voters {:?}",
+                    self.now_ms, st.shard_id, st.commit_index, st.voters
+                ));
+            }
+        }
+        self.durability.checked += checked;
+        if !self.report_durability {
+            assert!(problems.is_empty(), "{problems:?}");
+        }
+        for problem in problems {
+            self.durability.fail(problem);
+        }
+    }
+
+    /// Disarms every node's pending death in a synced write.
+    fn disarm_all(&mut self) {
+        for node in &mut self.nodes {
+            node.engine.die_at_next_sync.store(false, Ordering::Relaxed);
+            node.down_after_dying_ms = None;
+        }
     }
 
     /// A clean stop (deferred writes flushed, waiters told) and restart.
@@ -349,8 +490,21 @@ impl World {
         let Some(store) = node.store.as_mut() else {
             return;
         };
-        store.step(msgs, tick);
+        let stepped = catch_unwind(AssertUnwindSafe(|| store.step(msgs, tick)));
         self.stats.steps += 1;
+        if stepped.is_err() {
+            // The store stops the node on a failed write (its fail-stop
+            // rule). Only an armed disk fails here; anything else is a bug.
+            let Some(down_ms) = self.node(id).down_after_dying_ms.take() else {
+                panic!("node {id}'s store panicked without a disk fault");
+            };
+            // What left before the write is on the wire; then the node dies.
+            self.route_from(id);
+            self.stats.died_in_sync += 1;
+            self.crash(id);
+            self.schedule(self.now_ms + down_ms, Ev::Restart { node: id });
+            return;
+        }
         self.route_from(id);
     }
 
@@ -413,6 +567,7 @@ impl World {
             return;
         }
         self.step(id, Vec::new(), true);
+        self.check_commits_are_durable_on_a_majority(id);
         let spread = TICK_MS * TICK_JITTER_PERCENT / 100;
         let next = self
             .rng
@@ -454,6 +609,7 @@ impl World {
     /// Every partition healed, every node running.
     pub fn heal_all(&mut self) {
         self.cut.clear();
+        self.disarm_all();
         for id in 1..=NODES {
             self.start(id);
         }

@@ -83,6 +83,27 @@ impl MemEngine {
             .map_or(0, |(_, unsynced)| unsynced.len()))
     }
 
+    /// What a read of `key` would return after a crash that lost every
+    /// unsynced write: the durable value (the live one outside crash
+    /// mode). For checks that something is on disk, not merely visible.
+    pub fn durable_get(&self, cf: Cf, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        let state = self.lock()?;
+        let tables = state.durable.as_ref().map_or(&state.live, |(t, _)| t);
+        Ok(tables[cf.ordinal()].get(key).cloned())
+    }
+
+    /// Whether any key in `[start, end)` of `cf` is durable (see
+    /// [`MemEngine::durable_get`]).
+    pub fn durable_has_any(&self, cf: Cf, start: &[u8], end: &[u8]) -> Result<bool> {
+        check_range(cf, start, end)?;
+        let state = self.lock()?;
+        let tables = state.durable.as_ref().map_or(&state.live, |(t, _)| t);
+        Ok(tables[cf.ordinal()]
+            .range::<[u8], _>((Bound::Included(start), Bound::Excluded(end)))
+            .next()
+            .is_some())
+    }
+
     fn lock(&self) -> Result<MutexGuard<'_, State>> {
         // A poisoned lock means a panic happened mid-operation elsewhere; the
         // tables may be half-updated, so refuse rather than serve them.
@@ -209,6 +230,31 @@ mod tests {
         assert_eq!(engine.crash(1).unwrap(), 2);
         assert_eq!(get(&engine, "a").as_deref(), Some("1"));
         assert_eq!(get(&engine, "b"), None);
+    }
+
+    #[test]
+    fn durable_reads_see_only_what_a_crash_would_keep() {
+        let engine = MemEngine::with_crash_mode();
+        engine.write(&put("a", "1"), true).unwrap();
+        engine.write(&put("b", "2"), false).unwrap();
+        let durable = |key: &str| engine.durable_get(Cf::Raft, key.as_bytes()).unwrap();
+        assert_eq!(durable("a"), Some(b"1".to_vec()));
+        assert_eq!(durable("b"), None, "visible but not synced");
+        assert_eq!(get(&engine, "b").as_deref(), Some("2"));
+        assert!(engine.durable_has_any(Cf::Raft, b"a", b"c").unwrap());
+        assert!(!engine.durable_has_any(Cf::Raft, b"b", b"c").unwrap());
+        engine.write(&put("c", "3"), true).unwrap();
+        assert_eq!(
+            durable("b"),
+            Some(b"2".to_vec()),
+            "synced by the later write"
+        );
+        let plain = MemEngine::new();
+        plain.write(&put("a", "1"), false).unwrap();
+        assert_eq!(
+            plain.durable_get(Cf::Raft, b"a").unwrap(),
+            Some(b"1".to_vec())
+        );
     }
 
     #[test]
