@@ -12,6 +12,9 @@
 //!   decision taken from the shards' and the map's replicated state (see
 //!   docs/safety.md, claim 7). It runs over [`reshard::Cluster`]: [`ops::Ops`]
 //!   in the server, the simulated stores in the deterministic simulation.
+//! * [`repair`] — acting by itself: the meta leader replaces the replicas of
+//!   a node unreachable for `node_down_after_ms` (plans from
+//!   `fencelock-placement`'s `plan_repair`, moves as `admin move-replica`).
 //! * [`handoff`] — a stopping node hands its leaderships to serving voters.
 //! * [`nodes`] — the I/O seam: the node-local calls the above are made of.
 //! * [`error`] — [`ControllerError`], with its wire reason and retry advice.
@@ -20,6 +23,7 @@ pub mod error;
 pub mod handoff;
 pub mod nodes;
 pub mod ops;
+pub mod repair;
 pub mod reshard;
 
 pub use error::ControllerError;

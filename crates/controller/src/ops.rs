@@ -435,7 +435,7 @@ impl<N: NodeApi> Ops<N> {
         (leaders, down)
     }
 
-    async fn view(&self) -> Result<ClusterView> {
+    pub(crate) async fn view(&self) -> Result<ClusterView> {
         let map = self.fresh_map().await?;
         let (leaders, down) = self.observed(&map).await;
         let mut view = ClusterView::from_map(&map, &leaders);
@@ -443,7 +443,7 @@ impl<N: NodeApi> Ops<N> {
         Ok(view)
     }
 
-    async fn execute(&self, plan: Vec<Action>) -> Result<Moved> {
+    pub(crate) async fn execute(&self, plan: Vec<Action>) -> Result<Moved> {
         let mut moved = Moved::default();
         for action in plan {
             match action {

@@ -47,6 +47,6 @@ pub use codec::DecodeError;
 pub use error::PlacementError;
 pub use limits::*;
 pub use map::PlacementMap;
-pub use planner::{plan_balance, plan_drain};
+pub use planner::{plan_balance, plan_drain, plan_repair};
 pub use types::*;
 pub use view::{simulate, Action, ClusterView, ShardView};

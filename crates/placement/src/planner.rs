@@ -91,15 +91,7 @@ pub fn plan_drain(view: &ClusterView, node_id: u64) -> Result<Vec<Action>, Place
     }
     let held: Vec<u64> = shard_ids(&work, |s| s.replicas.contains(&node_id));
     for shard_id in held {
-        let counts = work.replica_counts();
-        let replicas = &work.shards[&shard_id].replicas;
-        let to = counts
-            .iter()
-            .filter(|(n, _)| !replicas.contains(n))
-            .map(|(&n, &c)| (c, n))
-            .min()
-            .map(|(_, n)| n);
-        let Some(to) = to else {
+        let Some(to) = new_home(&work, shard_id) else {
             // Checked for every shard above; other shards' moves do not
             // change who is accepting.
             debug_assert!(false, "drain destination vanished");
@@ -121,6 +113,51 @@ pub fn plan_drain(view: &ClusterView, node_id: u64) -> Result<Vec<Action>, Place
         .values()
         .all(|s| !s.replicas.contains(&node_id) && s.leader != Some(node_id)));
     Ok(plan)
+}
+
+/// Replaces replicas on nodes observed down: each becomes a replica on the
+/// least-loaded accepting node that does not hold the shard yet (lowest id
+/// on ties), lowest shard id first, at most `max_moves` moves (and never
+/// more than [`MAX_ACTIONS_PER_PLAN`]).
+///
+/// A shard whose reachable replicas are not a majority of its voters is
+/// left alone: its membership cannot change without a majority, and it is
+/// the operator's call (restore the node, or recover from backup) — never
+/// the controller's. Each move adds the new replica and promotes it before
+/// the one on the down node is removed, so no step lowers a shard's count
+/// of reachable voters. A down replica with nowhere to go stays until an
+/// accepting node appears; planning again continues where this plan
+/// stopped. An invalid view gets an empty plan.
+pub fn plan_repair(view: &ClusterView, max_moves: usize) -> Vec<Action> {
+    if view.validate().is_err() {
+        return Vec::new();
+    }
+    let mut work = view.clone();
+    let mut plan = Vec::new();
+    let broken: Vec<u64> = shard_ids(&work, |s| s.replicas.iter().any(|n| view.down.contains(n)));
+    for shard_id in broken {
+        let replicas = work.shards[&shard_id].replicas.clone();
+        let reachable = replicas.iter().filter(|n| !view.down.contains(n)).count();
+        if reachable * 2 <= replicas.len() {
+            continue;
+        }
+        for from in replicas.iter().copied().filter(|n| view.down.contains(n)) {
+            if plan.len() >= max_moves {
+                return plan;
+            }
+            let Some(to) = new_home(&work, shard_id) else {
+                break;
+            };
+            if !push(
+                &mut work,
+                &mut plan,
+                Action::MoveReplica { shard_id, from, to },
+            ) {
+                return plan;
+            }
+        }
+    }
+    plan
 }
 
 /// Moves replicas from the most to the least loaded accepting node until
@@ -238,6 +275,18 @@ fn leader_path(
         at = prev;
     }
     Some(path)
+}
+
+/// Where a new replica of `shard_id` goes: the accepting node with the
+/// fewest replicas that does not hold the shard yet, lowest id on ties.
+fn new_home(work: &ClusterView, shard_id: u64) -> Option<u64> {
+    let holders = &work.shards[&shard_id].replicas;
+    work.replica_counts()
+        .into_iter()
+        .filter(|(n, _)| !holders.contains(n))
+        .map(|(n, c)| (c, n))
+        .min()
+        .map(|(_, n)| n)
 }
 
 /// The node with the most load, lowest id on ties.

@@ -437,3 +437,125 @@ proptest! {
         }
     }
 }
+
+/// Five nodes, sixteen data shards (and the meta shard) on nodes 1..=3,
+/// node `dead` observed down.
+fn view_with_dead_node(dead: u64) -> ClusterView {
+    let mut view = skewed_view(5, 16);
+    view.down.insert(dead);
+    view
+}
+
+#[test]
+fn a_dead_nodes_replicas_are_replaced_on_live_nodes_least_loaded_first() {
+    let view = view_with_dead_node(2);
+    let plan = plan_repair(&view, 100);
+    assert_eq!(plan.len(), 17, "every shard had a replica on node 2");
+    for action in &plan {
+        let Action::MoveReplica { from, to, .. } = *action else {
+            panic!("repair only moves replicas: {action:?}");
+        };
+        assert_eq!(from, 2);
+        assert!(
+            to == 4 || to == 5,
+            "to an empty live node first: {action:?}"
+        );
+    }
+    let end = execute(&view, &plan);
+    assert!(end.shards.values().all(|s| !s.replicas.contains(&2)));
+    let counts = end.replica_counts();
+    assert!(counts[&4].abs_diff(counts[&5]) <= 1, "{counts:?}");
+    assert_eq!(plan_repair(&end, 100), vec![], "a fixed point");
+}
+
+#[test]
+fn repair_takes_at_most_the_moves_it_is_allowed_and_continues_next_time() {
+    let view = view_with_dead_node(3);
+    let first = plan_repair(&view, 4);
+    assert_eq!(first.len(), 4);
+    let after = execute(&view, &first);
+    let second = plan_repair(&after, 100);
+    assert_eq!(second.len(), 13);
+    assert!(second.iter().all(|a| !first.contains(a)));
+    assert_eq!(plan_repair(&view, 0), vec![]);
+}
+
+#[test]
+fn a_shard_without_a_reachable_majority_is_never_touched() {
+    let mut view = skewed_view(5, 4);
+    view.down.extend([2, 3]);
+    assert_eq!(
+        plan_repair(&view, 100),
+        vec![],
+        "two of three down: no shard has a majority"
+    );
+    // Shard 1 on {1, 4, 5}; nodes 2 and 5 down: every shard keeps two of
+    // three, so every one is repaired, shard 1 onto the one node it lacks.
+    view.shards.get_mut(&1).unwrap().replicas = [1, 4, 5].into();
+    view.down = [2, 5].into();
+    let plan = plan_repair(&view, 100);
+    assert!(plan.contains(&Action::MoveReplica {
+        shard_id: 1,
+        from: 5,
+        to: 3
+    }));
+    assert_eq!(plan.len(), 5, "{plan:?}");
+    let end = execute(&view, &plan);
+    assert!(end
+        .shards
+        .values()
+        .all(|s| s.replicas.iter().all(|n| !end.down.contains(n))));
+}
+
+#[test]
+fn nothing_down_means_nothing_to_repair() {
+    assert_eq!(plan_repair(&skewed_view(5, 16), 100), vec![]);
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
+    /// Given any view, a repair plan stays within its bound, only moves
+    /// replicas off down nodes onto accepting ones, never touches a shard
+    /// without a reachable majority, never lowers any shard's live voters
+    /// (`execute` checks every step), and replanning converges: a fixed
+    /// point where every shard with a reachable majority either has no
+    /// replica on a down node or has no accepting node left to go to.
+    #[test]
+    fn repair_plans_are_bounded_safe_and_converge(view in random_view(), max_moves in 0usize..=6) {
+        let reachable_majority = |v: &ClusterView, id: u64| {
+            let r = &v.shards[&id].replicas;
+            r.iter().filter(|n| !v.down.contains(n)).count() * 2 > r.len()
+        };
+        let mut at = view.clone();
+        for round in 0..=MAX_SHARDS {
+            let plan = plan_repair(&at, max_moves);
+            prop_assert_eq!(&plan_repair(&at, max_moves), &plan, "deterministic");
+            prop_assert!(plan.len() <= max_moves);
+            for action in &plan {
+                let Action::MoveReplica { shard_id, from, to } = *action else {
+                    return Err(TestCaseError::fail(format!("not a move: {action:?}")));
+                };
+                prop_assert!(at.down.contains(&from), "{action:?} moves a reachable replica");
+                prop_assert!(at.accepts(to), "{action:?} moves to a node that does not accept");
+                prop_assert!(reachable_majority(&at, shard_id), "{action:?} touches a shard without a majority");
+            }
+            if plan.is_empty() {
+                break;
+            }
+            prop_assert!(round < MAX_SHARDS, "no fixed point");
+            at = execute(&at, &plan);
+        }
+        if max_moves > 0 {
+            for (&id, shard) in &at.shards {
+                if !reachable_majority(&at, id) {
+                    prop_assert_eq!(&shard.replicas, &view.shards[&id].replicas, "shard {} changed", id);
+                    continue;
+                }
+                let stuck = shard.replicas.iter().any(|n| at.down.contains(n));
+                let somewhere = at.nodes.keys().any(|&n| at.accepts(n) && !shard.replicas.contains(&n));
+                prop_assert!(!(stuck && somewhere), "shard {} left on a down node with room elsewhere", id);
+            }
+        }
+    }
+}

@@ -341,9 +341,24 @@ pub struct Metrics {
     node: NodeGauges,
     /// Connections the gRPC port closed unserved, in `Refusal::ALL` order.
     connections_refused: [IntCounter; 3],
+    /// The controller's repair, as this node ran it while leading the meta
+    /// shard.
+    pub repair: RepairMetrics,
     /// Scrapes rebuild the per-shard gauges and advance the mirrored
     /// counters; one at a time, so two scrapes never interleave the two.
     scrape: Mutex<()>,
+}
+
+/// The controller's repair rounds (crates/controller/src/repair.rs).
+#[derive(Clone)]
+pub struct RepairMetrics {
+    /// Replica moves that completed.
+    pub moves_done: IntCounter,
+    /// Replica moves that failed (the next round plans again).
+    pub moves_failed: IntCounter,
+    /// Nodes unreachable for at least `controller.node_down_after_ms`, as of
+    /// the last round (0 when this node does not lead the meta shard).
+    pub nodes_down: IntGauge,
 }
 
 fn gauge(registry: &Registry, name: &str, help: &str) -> IntGauge {
@@ -605,6 +620,22 @@ impl Metrics {
         let connections_refused =
             Refusal::ALL.map(|why| refused_vec.with_label_values(&[why.label()]));
 
+        let repair_moves = counter_vec(
+            r,
+            "fencelock_controller_repair_moves_total",
+            "Replica moves the controller made by itself to replace replicas on down nodes, by outcome: done, failed.",
+            &["outcome"],
+        );
+        let repair = RepairMetrics {
+            moves_done: repair_moves.with_label_values(&["done"]),
+            moves_failed: repair_moves.with_label_values(&["failed"]),
+            nodes_down: gauge(
+                r,
+                "fencelock_controller_nodes_down",
+                "Nodes the controller counts as down (unreachable for controller.node_down_after_ms); reported by the meta shard's leader, 0 elsewhere.",
+            ),
+        };
+
         Metrics {
             registry,
             requests,
@@ -612,6 +643,7 @@ impl Metrics {
             shard,
             node,
             connections_refused,
+            repair,
             scrape: Mutex::new(()),
         }
     }

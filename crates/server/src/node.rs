@@ -55,6 +55,8 @@ pub struct Node {
     /// The meta leader's look for migrations left open.
     reshard_task: tokio::task::JoinHandle<()>,
     epoch_task: tokio::task::JoinHandle<()>,
+    /// The controller's repair rounds (absent with `controller.repair = false`).
+    repair_task: Option<tokio::task::JoinHandle<()>>,
     ops: crate::ops::Ops,
     metrics: Arc<Metrics>,
     life: Arc<Lifecycle>,
@@ -176,6 +178,65 @@ const RESHARD_SWEEP_EVERY: u32 = 12;
 /// clear leftovers. Running next to a live orchestrator is safe: every step
 /// is idempotent and decided from the shards' replicated state
 /// ([`crate::reshard`]).
+/// How often the meta shard's leader runs a repair round. Bounded by the
+/// shortest `controller.node_down_after_ms`, so a node is replaced within
+/// one interval of the bound.
+const REPAIR_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// The controller's repair, on the meta shard's leader only: every
+/// [`REPAIR_INTERVAL`] a round observes who answers and replaces the
+/// replicas of nodes down for `node_down_after_ms`
+/// (`fencelock_controller::repair`). Rounds do not overlap (one task, one
+/// round at a time); a node that stops leading the meta shard forgets what
+/// it observed, and the next leader observes for itself.
+async fn repair_replicas(
+    ops: crate::ops::Ops,
+    status: Arc<Mutex<Vec<ShardStatus>>>,
+    config: fencelock_controller::repair::RepairConfig,
+    metrics: crate::metrics::RepairMetrics,
+) {
+    let started = std::time::Instant::now();
+    let mut tracker = fencelock_controller::repair::DownTracker::default();
+    let mut interval = tokio::time::interval(REPAIR_INTERVAL);
+    interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        interval.tick().await;
+        let leads_meta = status.lock().is_ok_and(|s| {
+            s.iter()
+                .any(|r| r.shard_id == fencelock_placement::META_SHARD_ID && r.is_leader)
+        });
+        if !leads_meta {
+            tracker.forget();
+            metrics.nodes_down.set(0);
+            continue;
+        }
+        let now_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        let (round, failure) = match ops.repair_round(&mut tracker, now_ms, &config).await {
+            Ok(round) => (round, None),
+            Err((round, e)) => (round, Some(e)),
+        };
+        metrics
+            .nodes_down
+            .set(i64::try_from(round.down.len()).unwrap_or(i64::MAX));
+        metrics.moves_done.inc_by(round.moved as u64);
+        for action in round.planned.iter().take(round.moved) {
+            tracing::info!(?action, down = ?round.down, "repair: replaced a replica on a down node");
+        }
+        if let Some(e) = failure {
+            if round.planned.len() > round.moved {
+                metrics.moves_failed.inc();
+                tracing::warn!(
+                    action = ?round.planned[round.moved],
+                    down = ?round.down,
+                    "repair: a replica move failed (the next round plans again): {e}"
+                );
+            } else {
+                tracing::warn!("repair: observing the cluster failed: {e}");
+            }
+        }
+    }
+}
+
 async fn watch_migrations(
     ops: crate::ops::Ops,
     router: Arc<Router>,
@@ -434,6 +495,14 @@ impl Node {
             router.clone(),
             status.clone(),
         ));
+        let repair_task = config.controller.repair.then(|| {
+            tokio::spawn(repair_replicas(
+                ops.clone(),
+                status.clone(),
+                config.controller.repair_config(),
+                metrics.repair.clone(),
+            ))
+        });
         let epoch_task = tokio::spawn(advance_epochs(
             ops.clone(),
             status.clone(),
@@ -553,6 +622,7 @@ impl Node {
             map_task,
             reshard_task,
             epoch_task,
+            repair_task,
             ops,
             metrics,
             life,
@@ -688,6 +758,9 @@ impl Node {
         self.map_task.abort();
         self.reshard_task.abort();
         self.epoch_task.abort();
+        if let Some(task) = &self.repair_task {
+            task.abort();
+        }
         if let Some(stop) = self.http_stop.take() {
             let _ = stop.send(());
         }
@@ -728,6 +801,9 @@ impl Drop for Node {
         self.map_task.abort();
         self.reshard_task.abort();
         self.epoch_task.abort();
+        if let Some(task) = &self.repair_task {
+            task.abort();
+        }
         if let Some(task) = self.http_task.take() {
             task.abort();
         }

@@ -40,10 +40,12 @@
 //! validating. `docs/configuration.md` documents every key with its default
 //! (a test checks that it does).
 
+mod controller;
 mod ops;
 pub mod overrides;
 mod security;
 
+pub use controller::{ControllerConfig, MAX_NODE_DOWN_AFTER_MS, MIN_NODE_DOWN_AFTER_MS};
 pub use ops::{
     AuditConfig, AuditTargetKind, LogConfig, LogFormat, ShutdownConfig, MAX_DRAIN_TIMEOUT_MS,
 };
@@ -138,6 +140,9 @@ pub struct NodeConfig {
     /// streams, connections, per-tenant request rate.
     #[serde(default)]
     pub edge: EdgeConfig,
+    /// What the placement controller does by itself (repair).
+    #[serde(default)]
+    pub controller: ControllerConfig,
 }
 
 /// One member of the initial cluster.
@@ -462,7 +467,8 @@ impl NodeConfig {
         self.audit.validate()?;
         self.shutdown.validate()?;
         self.tls.validate()?;
-        self.edge.validate()
+        self.edge.validate()?;
+        self.controller.validate()
     }
 
     /// Where the audit log goes.
@@ -789,6 +795,7 @@ impl NodeConfig {
                 ..TlsConfig::default()
             },
             edge: EdgeConfig::default(),
+            controller: ControllerConfig::default(),
         };
         if let Err(e) = config.validate() {
             panic!("for_test: the test config does not validate: {e}");

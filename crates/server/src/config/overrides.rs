@@ -23,7 +23,16 @@ use super::ConfigError;
 /// Prefix of every environment override.
 pub const ENV_PREFIX: &str = "FENCELOCK_";
 /// The config file's sections.
-pub const SECTIONS: &[&str] = &["raft", "lock", "log", "audit", "shutdown", "tls", "edge"];
+pub const SECTIONS: &[&str] = &[
+    "raft",
+    "lock",
+    "log",
+    "audit",
+    "shutdown",
+    "tls",
+    "edge",
+    "controller",
+];
 /// The config file's top-level keys (checked against the struct by a test).
 pub const TOP_LEVEL_KEYS: &[&str] = &[
     "node_id",

@@ -15,5 +15,6 @@ mod config;
 mod epochs;
 mod errors;
 mod hostile;
+mod repair;
 mod sharding;
 mod transport;

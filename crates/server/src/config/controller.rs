@@ -1,0 +1,67 @@
+//! The `[controller]` section: what the placement controller does by
+//! itself. May differ between nodes; the meta shard's leader uses its own.
+
+use serde::{Deserialize, Serialize};
+
+use fencelock_controller::repair::{
+    RepairConfig, DEFAULT_MAX_MOVES_PER_ROUND, DEFAULT_NODE_DOWN_AFTER_MS, MAX_MOVES_PER_ROUND,
+};
+
+use super::{check_range, ConfigError};
+
+/// Shortest `controller.node_down_after_ms`: below it a node restart (or
+/// one slow health check) would already move replicas.
+pub const MIN_NODE_DOWN_AFTER_MS: u64 = 1_000;
+/// Longest `controller.node_down_after_ms` (a day).
+pub const MAX_NODE_DOWN_AFTER_MS: u64 = 86_400_000;
+
+/// The `[controller]` section.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ControllerConfig {
+    /// Replace the replicas of a node that stays unreachable for
+    /// `node_down_after_ms` (default true). Off, only operators move
+    /// replicas (`fencelock admin drain`).
+    pub repair: bool,
+    /// How long a node must stay unreachable before its replicas are
+    /// replaced, 1000..=86400000 ms (default 300000).
+    pub node_down_after_ms: u64,
+    /// Replica moves per repair round, one after another, 1..=16 (default
+    /// 2).
+    pub max_moves_per_round: usize,
+}
+
+impl Default for ControllerConfig {
+    fn default() -> Self {
+        ControllerConfig {
+            repair: true,
+            node_down_after_ms: DEFAULT_NODE_DOWN_AFTER_MS,
+            max_moves_per_round: DEFAULT_MAX_MOVES_PER_ROUND,
+        }
+    }
+}
+
+impl ControllerConfig {
+    /// The repair rule's knobs.
+    pub fn repair_config(&self) -> RepairConfig {
+        RepairConfig {
+            node_down_after_ms: self.node_down_after_ms,
+            max_moves: self.max_moves_per_round,
+        }
+    }
+
+    pub(super) fn validate(&self) -> Result<(), ConfigError> {
+        check_range(
+            "controller.node_down_after_ms",
+            self.node_down_after_ms,
+            MIN_NODE_DOWN_AFTER_MS,
+            MAX_NODE_DOWN_AFTER_MS,
+        )?;
+        check_range(
+            "controller.max_moves_per_round",
+            self.max_moves_per_round,
+            1,
+            MAX_MOVES_PER_ROUND,
+        )
+    }
+}

@@ -1,0 +1,118 @@
+//! The controller acting by itself: a node that stays unreachable for
+//! `controller.node_down_after_ms` has its replicas replaced on live nodes
+//! by the meta shard's leader, with no operator action; with repair off,
+//! nothing moves.
+
+use crate::common;
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+use common::*;
+
+const DOWN_AFTER_MS: u64 = 2_000;
+const DATA_SHARDS: u32 = 8;
+
+/// Voters of every shard as its leader reports them (shards without a
+/// leader among the running nodes are absent).
+fn voters(cluster: &Cluster) -> BTreeMap<u64, BTreeSet<u64>> {
+    let mut out = BTreeMap::new();
+    for node in cluster.nodes.values() {
+        for s in node.shard_status() {
+            if s.is_leader {
+                out.insert(s.shard_id, s.voters.iter().copied().collect());
+            }
+        }
+    }
+    out
+}
+
+/// The node holding the most replicas that does not lead the meta shard
+/// (so the controller that repairs is not the one that dies; a dying meta
+/// leader is the chaos tests' business).
+fn victim(cluster: &Cluster) -> u64 {
+    let meta_leader = cluster.leader_of(fencelock_placement::META_SHARD_ID);
+    let all = voters(cluster);
+    (1..=5u64)
+        .filter(|n| Some(*n) != meta_leader)
+        .max_by_key(|n| (all.values().filter(|v| v.contains(n)).count(), *n))
+        .expect("a node")
+}
+
+async fn five_nodes(repair: bool) -> Cluster {
+    Cluster::start(5, |c| {
+        c.shard_count = DATA_SHARDS;
+        c.controller.repair = repair;
+        c.controller.node_down_after_ms = DOWN_AFTER_MS;
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_dead_nodes_replicas_are_replaced_on_live_nodes_without_an_operator() {
+    let mut cluster = five_nodes(true).await;
+    let before = voters(&cluster);
+    assert_eq!(before.len(), DATA_SHARDS as usize + 1);
+    let dead = victim(&cluster);
+    let held = before.values().filter(|v| v.contains(&dead)).count();
+    assert!(held > 0, "node {dead} holds no replica: {before:?}");
+    let lock = acquire(&cluster, 1, acquire_req("acme/repair", "r1", 600_000, 0))
+        .await
+        .expect("granted");
+    cluster.crash(dead).await;
+
+    // Down after DOWN_AFTER_MS, then one move after another.
+    let deadline = Instant::now() + Duration::from_millis(DOWN_AFTER_MS) + Duration::from_secs(60);
+    loop {
+        let now = voters(&cluster);
+        let repaired =
+            now.len() == before.len() && now.values().all(|v| v.len() == 3 && !v.contains(&dead));
+        if repaired {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not repaired within node_down_after + 60 s: {now:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // The shards kept their data and their tokens.
+    let live = *cluster.nodes.keys().next().unwrap();
+    let read = get(&cluster, live, "acme/repair").await.expect("read");
+    assert!(read.held);
+    assert_eq!(read.fencing_token, lock.fencing_token);
+    let next = acquire(
+        &cluster,
+        live,
+        acquire_req("acme/after-repair", "r2", 60_000, 0),
+    )
+    .await
+    .expect("the repaired cluster serves");
+    assert!(next.fencing_token > 0);
+
+    // The replaced node comes back: it is not let back in as the voter it
+    // was, and the shards keep serving.
+    let repaired = voters(&cluster);
+    cluster.restart(dead).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    cluster.wait_for_leaders(Duration::from_secs(20)).await;
+    assert_eq!(voters(&cluster), repaired, "the old voter is not back");
+    let again = acquire(
+        &cluster,
+        dead,
+        acquire_req("acme/after-return", "r3", 60_000, 0),
+    )
+    .await
+    .expect("served through the returned node");
+    assert!(again.fencing_token > 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn with_repair_off_a_dead_nodes_replicas_stay_where_they_are() {
+    let mut cluster = five_nodes(false).await;
+    let before = voters(&cluster);
+    let dead = victim(&cluster);
+    cluster.crash(dead).await;
+    tokio::time::sleep(Duration::from_millis(DOWN_AFTER_MS + 4_000)).await;
+    cluster.wait_for_leaders(Duration::from_secs(20)).await;
+    assert_eq!(voters(&cluster), before, "nothing moved");
+}
