@@ -98,6 +98,11 @@ enum AdminCommand {
     /// migration.
     #[command(subcommand)]
     Reshard(ReshardCommand),
+    /// The placement controller's own moves (replacing the replicas of
+    /// nodes down for `controller.node_down_after_ms`): show, pause or
+    /// resume them. The flag is replicated; operator actions run either way.
+    #[command(subcommand)]
+    Scheduler(SchedulerCommand),
     /// The most acquired resources right now, over every shard (counts
     /// decay by half every minute; `contended` found the lock held).
     Hot {
@@ -105,6 +110,16 @@ enum AdminCommand {
         #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..=1000))]
         limit: u32,
     },
+}
+
+#[derive(Debug, Clone, Copy, Subcommand)]
+enum SchedulerCommand {
+    /// Whether the controller is paused.
+    Status,
+    /// No move by itself until resumed (a move under way finishes).
+    Pause,
+    /// Move by itself again.
+    Resume,
 }
 
 #[derive(Debug, Subcommand)]
@@ -356,6 +371,28 @@ pub async fn run(args: AdminArgs) -> u8 {
                         .with("map_version", r.into_inner().map_version),
                 )
             }),
+        AdminCommand::Scheduler(command) => {
+            use fencelock_api::v1::scheduler_request::Action;
+            let action = match command {
+                SchedulerCommand::Status => Action::Status,
+                SchedulerCommand::Pause => Action::Pause,
+                SchedulerCommand::Resume => Action::Resume,
+            };
+            admin
+                .scheduler(fencelock_api::v1::SchedulerRequest {
+                    action: action as i32,
+                })
+                .await
+                .map(|r| {
+                    let r = r.into_inner();
+                    single(
+                        Object::new()
+                            .with("ok", true)
+                            .with("paused", r.paused)
+                            .with("map_version", r.map_version),
+                    )
+                })
+        }
         AdminCommand::Balance => admin.balance(BalanceRequest {}).await.map(|r| {
             let r = r.into_inner();
             single(

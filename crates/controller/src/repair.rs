@@ -11,7 +11,8 @@
 //! majority is never touched.
 //!
 //! Only the meta shard's leader runs rounds (the server's task checks), so
-//! one controller acts at a time. What it remembers — since when each node
+//! one controller acts at a time, and none while the replicated map says
+//! the scheduler is paused (`fencelock admin scheduler pause`). What it remembers — since when each node
 //! has been unreachable — is a soft observation: a new meta leader starts
 //! the clock again (acting later, never sooner) and plans from the
 //! replicated map, so a move cut short by a leader change is finished or
@@ -95,6 +96,9 @@ impl DownTracker {
 /// What one round saw and did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct RepairRound {
+    /// An operator paused the controller (`admin scheduler pause`): the
+    /// round did nothing.
+    pub paused: bool,
     /// Nodes that did not answer this round.
     pub unreachable: BTreeSet<u64>,
     /// Nodes unreachable for at least `node_down_after_ms`.
@@ -117,6 +121,18 @@ impl<N: NodeApi> Ops<N> {
         config: &RepairConfig,
     ) -> Result<RepairRound, (RepairRound, ControllerError)> {
         let mut round = RepairRound::default();
+        match self.fresh_map().await {
+            Ok(map) if map.scheduler_paused() => {
+                // Paused by an operator: observe nothing, so the clock
+                // starts again when resumed (a node is replaced no sooner
+                // than `node_down_after_ms` after the resume).
+                tracker.forget();
+                round.paused = true;
+                return Ok(round);
+            }
+            Ok(_) => {}
+            Err(e) => return Err((round, e)),
+        }
         let mut view = match self.view().await {
             Ok(view) => view,
             Err(e) => return Err((round, e)),
@@ -137,6 +153,20 @@ impl<N: NodeApi> Ops<N> {
             }
         }
         Ok(round)
+    }
+}
+
+impl<N: NodeApi> Ops<N> {
+    /// Pauses (`Some(true)`), resumes (`Some(false)`) or only reads
+    /// (`None`) the controller's own moves; returns whether they are paused
+    /// and the map version that says so.
+    pub async fn scheduler(&self, pause: Option<bool>) -> Result<(bool, u64), ControllerError> {
+        if let Some(paused) = pause {
+            self.propose_meta(fencelock_placement::PlacementCommand::SetSchedulerPaused { paused })
+                .await?;
+        }
+        let map = self.fresh_map().await?;
+        Ok((map.scheduler_paused(), map.version()))
     }
 }
 

@@ -123,6 +123,9 @@ pub fn placement_decode(data: &[u8]) {
     let replicas: std::collections::BTreeSet<u64> = map.nodes().map(|n| n.node_id).collect();
     let commands = [
         PlacementCommand::AdvanceEpoch { shard_id: shard },
+        PlacementCommand::SetSchedulerPaused {
+            paused: !map.scheduler_paused(),
+        },
         PlacementCommand::AddNode {
             node_id: node.saturating_add(1),
             addr: "10.0.0.1:7000".into(),

@@ -81,6 +81,9 @@ fn command(input: &mut Input) -> PlacementCommand {
                 PlacementCommand::RollBackMigration { migration_id }
             }
         }
+        9 if input.u8().is_multiple_of(4) => PlacementCommand::SetSchedulerPaused {
+            paused: input.u8().is_multiple_of(2),
+        },
         _ => PlacementCommand::AdvanceEpoch {
             shard_id: small_id(input),
         },

@@ -14,7 +14,11 @@ use crate::map::PlacementMap;
 use crate::types::*;
 
 const SNAPSHOT_MAGIC: &[u8; 4] = b"FLPM";
+/// Version 1: no scheduler flag. Version 2 appends it, and is written only
+/// while the scheduler is paused, so a map that was never paused stays
+/// readable by nodes that know version 1 only.
 const SNAPSHOT_VERSION: u16 = 1;
+const SNAPSHOT_VERSION_WITH_SCHEDULER: u16 = 2;
 const COMMAND_VERSION: u8 = 1;
 
 /// Why bytes could not be decoded.
@@ -188,6 +192,7 @@ const TAG_ABORT_MIGRATION: u8 = 8;
 const TAG_ADVANCE_EPOCH: u8 = 9;
 const TAG_ROLL_BACK_MIGRATION: u8 = 10;
 const TAG_BEGIN_SPLIT: u8 = 11;
+const TAG_SET_SCHEDULER_PAUSED: u8 = 12;
 
 impl PlacementCommand {
     /// The meta shard log payload of this command.
@@ -249,6 +254,10 @@ impl PlacementCommand {
                 w.u64(*from_shard);
                 w.slots(slots);
             }
+            PlacementCommand::SetSchedulerPaused { paused } => {
+                w.u8(TAG_SET_SCHEDULER_PAUSED);
+                w.u8(u8::from(*paused));
+            }
         }
         w.0
     }
@@ -298,6 +307,18 @@ impl PlacementCommand {
                 from_shard: r.u64()?,
                 slots: r.slots()?,
             },
+            TAG_SET_SCHEDULER_PAUSED => PlacementCommand::SetSchedulerPaused {
+                paused: match r.u8()? {
+                    0 => false,
+                    1 => true,
+                    tag => {
+                        return Err(DecodeError::BadTag {
+                            what: "scheduler flag",
+                            tag,
+                        })
+                    }
+                },
+            },
             tag => {
                 return Err(DecodeError::BadTag {
                     what: "command",
@@ -318,7 +339,12 @@ impl PlacementMap {
     pub fn snapshot(&self) -> Vec<u8> {
         let mut w = Out(Vec::with_capacity(128 + SLOT_COUNT as usize * 8));
         w.0.extend_from_slice(SNAPSHOT_MAGIC);
-        w.0.extend_from_slice(&SNAPSHOT_VERSION.to_be_bytes());
+        let version = if self.scheduler_paused {
+            SNAPSHOT_VERSION_WITH_SCHEDULER
+        } else {
+            SNAPSHOT_VERSION
+        };
+        w.0.extend_from_slice(&version.to_be_bytes());
         w.u64(self.version);
         w.len(self.replication_factor);
         w.u64(self.next_epoch);
@@ -354,6 +380,9 @@ impl PlacementMap {
                 w.slots(&m.slots);
             }
         }
+        if self.scheduler_paused {
+            w.u8(1);
+        }
         w.0
     }
 
@@ -365,7 +394,7 @@ impl PlacementMap {
             return Err(DecodeError::BadMagic);
         }
         let version = r.u16()?;
-        if version != SNAPSHOT_VERSION {
+        if version != SNAPSHOT_VERSION && version != SNAPSHOT_VERSION_WITH_SCHEDULER {
             return Err(DecodeError::UnsupportedVersion(version.into()));
         }
         let map_version = r.u64()?;
@@ -435,6 +464,21 @@ impl PlacementMap {
                 })
             }
         };
+        // Canonical: version 2 only ever says "paused" (an unpaused map is
+        // written as version 1).
+        let scheduler_paused = if version == SNAPSHOT_VERSION_WITH_SCHEDULER {
+            match r.u8()? {
+                1 => true,
+                tag => {
+                    return Err(DecodeError::BadTag {
+                        what: "scheduler flag",
+                        tag,
+                    })
+                }
+            }
+        } else {
+            false
+        };
         r.finish()?;
 
         let map = PlacementMap {
@@ -447,6 +491,7 @@ impl PlacementMap {
             shards,
             slot_owners,
             migration,
+            scheduler_paused,
         };
         map.check_invariants().map_err(DecodeError::Invalid)?;
         Ok(map)

@@ -38,6 +38,9 @@ pub struct PlacementMap {
     /// each a data shard.
     pub(crate) slot_owners: Vec<u64>,
     pub(crate) migration: Option<Migration>,
+    /// The placement controller makes no move by itself while set
+    /// (`fencelock admin scheduler pause`); operators' actions still run.
+    pub(crate) scheduler_paused: bool,
 }
 
 impl PlacementMap {
@@ -80,6 +83,7 @@ impl PlacementMap {
                 .map(|slot| bootstrap_shard_of(slot, shard_count))
                 .collect(),
             migration: None,
+            scheduler_paused: false,
         };
         for (node_id, addr) in nodes {
             // The same rules as `AddNode`, so a bootstrapped map is one the
@@ -143,6 +147,10 @@ impl PlacementMap {
             }
             PlacementCommand::BeginSplit { from_shard, slots } => {
                 self.begin_split(*from_shard, slots)
+            }
+            PlacementCommand::SetSchedulerPaused { paused } => {
+                self.scheduler_paused = *paused;
+                Ok(PlacementReply::Updated)
             }
         }?;
         self.version = next_version;
@@ -521,6 +529,12 @@ impl PlacementMap {
     /// Successful commands applied, bootstrap counting as the first.
     pub fn version(&self) -> u64 {
         self.version
+    }
+
+    /// Whether the placement controller is paused: it makes no move by
+    /// itself (repair) until resumed.
+    pub fn scheduler_paused(&self) -> bool {
+        self.scheduler_paused
     }
 
     pub fn replication_factor(&self) -> usize {

@@ -101,6 +101,9 @@ pub enum PlacementCommand {
     /// Gives a data shard a fresh epoch, e.g. when its token positions run
     /// out (`TokenSpaceExhausted`).
     AdvanceEpoch { shard_id: u64 },
+    /// Pauses (`true`) or resumes the placement controller's own moves.
+    /// Restating the current value succeeds too.
+    SetSchedulerPaused { paused: bool },
 }
 
 /// What a successful command did. Every success bumps the map's version by

@@ -92,6 +92,8 @@ fn every_command() -> Vec<PlacementCommand> {
             from_shard: 1,
             slots: vec![9, 3],
         },
+        SetSchedulerPaused { paused: true },
+        SetSchedulerPaused { paused: false },
     ]
 }
 
@@ -239,7 +241,44 @@ fn arbitrary_command() -> impl Strategy<Value = PlacementCommand> {
         any::<u64>().prop_map(|migration_id| RollBackMigration { migration_id }),
         (any::<u64>(), proptest::collection::vec(any::<u32>(), 0..40))
             .prop_map(|(from_shard, slots)| BeginSplit { from_shard, slots }),
+        any::<bool>().prop_map(|paused| SetSchedulerPaused { paused }),
     ]
+}
+
+#[test]
+fn a_paused_scheduler_survives_a_snapshot_and_an_unpaused_map_keeps_the_old_format() {
+    let mut map = rich_map();
+    let unpaused = map.snapshot();
+    assert_eq!(
+        &unpaused[4..6],
+        &1u16.to_be_bytes(),
+        "never paused: version 1"
+    );
+    assert_eq!(
+        map.apply(&PlacementCommand::SetSchedulerPaused { paused: true }),
+        Ok(PlacementReply::Updated)
+    );
+    assert!(map.scheduler_paused());
+    let paused = map.snapshot();
+    assert_eq!(&paused[4..6], &2u16.to_be_bytes());
+    let restored = PlacementMap::restore(&paused).expect("restores");
+    assert!(restored.scheduler_paused());
+    assert_eq!(restored, map);
+    // Non-canonical: version 2 saying "not paused", or any other flag byte.
+    let mut bad = paused.clone();
+    *bad.last_mut().unwrap() = 0;
+    assert!(PlacementMap::restore(&bad).is_err());
+    // Resumed, the map is written as version 1 again.
+    map.apply(&PlacementCommand::SetSchedulerPaused { paused: false })
+        .unwrap();
+    assert_eq!(&map.snapshot()[4..6], &1u16.to_be_bytes());
+    assert_eq!(
+        PlacementCommand::decode(&[1, 12, 2]),
+        Err(DecodeError::BadTag {
+            what: "scheduler flag",
+            tag: 2
+        })
+    );
 }
 
 proptest! {

@@ -3,11 +3,12 @@
 
 use fencelock_api::v1::admin_service_server::{AdminService, AdminServiceServer};
 use fencelock_api::v1::{
-    reshard_request, AddNodeRequest, AddNodeResponse, BalanceRequest, BalanceResponse,
-    DrainNodeRequest, DrainNodeResponse, HotResource, HotResourcesRequest, HotResourcesResponse,
-    ListNodesRequest, ListNodesResponse, ListShardsRequest, ListShardsResponse, MoveReplicaRequest,
-    MoveReplicaResponse, Node, NodeState, Replica, ReplicaRole, ReshardRequest, ReshardResponse,
-    Shard, SlotRange, TransferLeaderRequest, TransferLeaderResponse, UndrainNodeRequest,
+    reshard_request, scheduler_request, AddNodeRequest, AddNodeResponse, BalanceRequest,
+    BalanceResponse, DrainNodeRequest, DrainNodeResponse, HotResource, HotResourcesRequest,
+    HotResourcesResponse, ListNodesRequest, ListNodesResponse, ListShardsRequest,
+    ListShardsResponse, MoveReplicaRequest, MoveReplicaResponse, Node, NodeState, Replica,
+    ReplicaRole, ReshardRequest, ReshardResponse, SchedulerRequest, SchedulerResponse, Shard,
+    SlotRange, TransferLeaderRequest, TransferLeaderResponse, UndrainNodeRequest,
     UndrainNodeResponse,
 };
 use fencelock_placement::{NodeState as PlacedState, META_SHARD_ID, SLOT_COUNT};
@@ -307,6 +308,30 @@ impl AdminService for AdminServiceImpl {
             migration_id: done.migration_id,
             epoch: done.epoch,
             resources_moved: done.resources,
+        }))
+    }
+
+    async fn scheduler(
+        &self,
+        request: Request<SchedulerRequest>,
+    ) -> Result<Response<SchedulerResponse>, Status> {
+        use scheduler_request::Action;
+        let pause = match Action::try_from(request.into_inner().action) {
+            Ok(Action::Status) => None,
+            Ok(Action::Pause) => Some(true),
+            Ok(Action::Resume) => Some(false),
+            Err(_) => {
+                return Err(ServerError::InvalidArgument {
+                    field: "action",
+                    reason: "unknown scheduler action".to_owned(),
+                }
+                .into())
+            }
+        };
+        let (paused, map_version) = self.ops.scheduler(pause).await.map_err(detailed)?;
+        Ok(Response::new(SchedulerResponse {
+            paused,
+            map_version,
         }))
     }
 

@@ -61,20 +61,13 @@ async fn a_dead_nodes_replicas_are_replaced_on_live_nodes_without_an_operator() 
     cluster.crash(dead).await;
 
     // Down after DOWN_AFTER_MS, then one move after another.
-    let deadline = Instant::now() + Duration::from_millis(DOWN_AFTER_MS) + Duration::from_secs(60);
-    loop {
-        let now = voters(&cluster);
-        let repaired =
-            now.len() == before.len() && now.values().all(|v| v.len() == 3 && !v.contains(&dead));
-        if repaired {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "not repaired within node_down_after + 60 s: {now:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_repaired(
+        &cluster,
+        dead,
+        before.len(),
+        Duration::from_millis(DOWN_AFTER_MS) + Duration::from_secs(60),
+    )
+    .await;
     // The shards kept their data and their tokens.
     let live = *cluster.nodes.keys().next().unwrap();
     let read = get(&cluster, live, "acme/repair").await.expect("read");
@@ -115,4 +108,60 @@ async fn with_repair_off_a_dead_nodes_replicas_stay_where_they_are() {
     tokio::time::sleep(Duration::from_millis(DOWN_AFTER_MS + 4_000)).await;
     cluster.wait_for_leaders(Duration::from_secs(20)).await;
     assert_eq!(voters(&cluster), before, "nothing moved");
+}
+
+async fn scheduler(
+    cluster: &Cluster,
+    node: u64,
+    action: fencelock_api::v1::scheduler_request::Action,
+) -> bool {
+    let response = cluster
+        .admin(node)
+        .await
+        .scheduler(fencelock_api::v1::SchedulerRequest {
+            action: action as i32,
+        })
+        .await
+        .expect("scheduler call");
+    response.into_inner().paused
+}
+
+/// Waits until no shard has a voter on `dead` and every shard has three.
+async fn wait_repaired(cluster: &Cluster, dead: u64, shards: usize, within: Duration) {
+    let deadline = Instant::now() + within;
+    loop {
+        let now = voters(cluster);
+        if now.len() == shards && now.values().all(|v| v.len() == 3 && !v.contains(&dead)) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "not repaired: {now:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_paused_controller_moves_nothing_and_a_resumed_one_repairs() {
+    use fencelock_api::v1::scheduler_request::Action;
+    let mut cluster = five_nodes(true).await;
+    let before = voters(&cluster);
+    let dead = victim(&cluster);
+    let asker = (1..=5).find(|n| *n != dead).unwrap();
+    assert!(!scheduler(&cluster, asker, Action::Status).await);
+    assert!(scheduler(&cluster, asker, Action::Pause).await);
+    cluster.crash(dead).await;
+    tokio::time::sleep(Duration::from_millis(DOWN_AFTER_MS + 4_000)).await;
+    cluster.wait_for_leaders(Duration::from_secs(20)).await;
+    assert_eq!(voters(&cluster), before, "paused: nothing moved");
+    // Any node answers with the replicated flag.
+    let other = (1..=5).rev().find(|n| *n != dead).unwrap();
+    assert!(scheduler(&cluster, other, Action::Status).await);
+
+    assert!(!scheduler(&cluster, asker, Action::Resume).await);
+    wait_repaired(
+        &cluster,
+        dead,
+        before.len(),
+        Duration::from_millis(DOWN_AFTER_MS) + Duration::from_secs(60),
+    )
+    .await;
 }

@@ -95,6 +95,20 @@ fn operator_reshapes_a_running_cluster_with_the_admin_cli() {
     let shards = admin(&endpoint, &["shards"]);
     assert_eq!(shards.matches("\"shard_id\":").count(), 5, "{shards}");
 
+    // The controller's own moves: paused and resumed through the map.
+    for (action, paused) in [
+        ("status", false),
+        ("pause", true),
+        ("status", true),
+        ("resume", false),
+    ] {
+        let said = admin(&endpoint, &["scheduler", action]);
+        assert!(
+            said.contains(&format!("\"paused\":{paused}")),
+            "{action}: {said}"
+        );
+    }
+
     // Issue 24: with three nodes and three replicas per shard a drain has
     // nowhere to go. It is refused and changes nothing: the node stays UP
     // (it used to stay DRAINING for good) and later actions still work.
