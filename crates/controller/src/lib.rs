@@ -15,10 +15,14 @@
 //! * [`repair`] — acting by itself: the meta leader replaces the replicas of
 //!   a node unreachable for `node_down_after_ms` (plans from
 //!   `fencelock-placement`'s `plan_repair`, moves as `admin move-replica`).
+//! * [`balance`] — acting by itself: with every node answering, the meta
+//!   leader evens out replicas and leaderships, with hysteresis
+//!   (`plan_rebalance`; off unless `controller.balance`).
 //! * [`handoff`] — a stopping node hands its leaderships to serving voters.
 //! * [`nodes`] — the I/O seam: the node-local calls the above are made of.
 //! * [`error`] — [`ControllerError`], with its wire reason and retry advice.
 
+pub mod balance;
 pub mod error;
 pub mod handoff;
 pub mod nodes;

@@ -160,6 +160,35 @@ pub fn plan_repair(view: &ClusterView, max_moves: usize) -> Vec<Action> {
     plan
 }
 
+/// Replica counts further apart than this (max − min over accepting nodes)
+/// start a rebalance; [`plan_balance`] then brings them within one, below
+/// the threshold, so the next round plans nothing (hysteresis).
+pub const REBALANCE_REPLICA_SPREAD: usize = 2;
+
+/// The controller's own balancing, with hysteresis: nothing unless the
+/// replica counts of the accepting nodes differ by at least
+/// [`REBALANCE_REPLICA_SPREAD`] or their leadership counts by at least
+/// `leader_spread` (at least 2); then the first `max_moves` actions of
+/// [`plan_balance`] (a prefix of a valid plan is valid). Leader elections
+/// move single leaderships around all the time; a `leader_spread` above 2
+/// keeps the controller from chasing them. An invalid view gets an empty
+/// plan.
+pub fn plan_rebalance(view: &ClusterView, max_moves: usize, leader_spread: usize) -> Vec<Action> {
+    let spread = |counts: BTreeMap<u64, usize>| {
+        let max = counts.values().max().copied().unwrap_or(0);
+        let min = counts.values().min().copied().unwrap_or(0);
+        max - min
+    };
+    let replicas_off = spread(view.replica_counts()) >= REBALANCE_REPLICA_SPREAD;
+    let leaders_off = spread(view.leader_counts()) >= leader_spread.max(2);
+    if !replicas_off && !leaders_off {
+        return Vec::new();
+    }
+    let mut plan = plan_balance(view);
+    plan.truncate(max_moves);
+    plan
+}
+
 /// Moves replicas from the most to the least loaded accepting node until
 /// counts are within one. Returns false if the plan hit its bound.
 fn balance_replicas(work: &mut ClusterView, plan: &mut Vec<Action>) -> bool {

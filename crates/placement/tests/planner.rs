@@ -559,3 +559,85 @@ proptest! {
         }
     }
 }
+
+fn spread_of(counts: BTreeMap<u64, usize>) -> usize {
+    spread(&counts)
+}
+
+#[test]
+fn rebalance_moves_replicas_to_an_empty_node_and_then_settles() {
+    // Every shard on nodes 1..=3 of five: nodes 4 and 5 are empty.
+    let view = skewed_view(5, 16);
+    let mut at = view.clone();
+    let mut rounds = 0;
+    loop {
+        let plan = plan_rebalance(&at, 2, 3);
+        assert!(plan.len() <= 2);
+        if plan.is_empty() {
+            break;
+        }
+        at = execute(&at, &plan);
+        rounds += 1;
+        assert!(rounds < 200, "no fixed point");
+    }
+    assert!(
+        spread_of(at.replica_counts()) <= 1,
+        "{:?}",
+        at.replica_counts()
+    );
+    assert!(
+        spread_of(at.leader_counts()) < 3,
+        "{:?}",
+        at.leader_counts()
+    );
+    // One leadership moved by an election does not restart anything.
+    let mut nudged = at.clone();
+    if let Some(shard) = nudged.shards.values_mut().find(|s| s.leader.is_some()) {
+        shard.leader = shard.replicas.iter().next().copied();
+    }
+    if spread_of(nudged.leader_counts()) < 3 {
+        assert_eq!(plan_rebalance(&nudged, 2, 3), vec![]);
+    }
+}
+
+#[test]
+fn a_balanced_cluster_gets_no_rebalance() {
+    let view = skewed_view(3, 8);
+    assert_eq!(spread_of(view.replica_counts()), 0);
+    let mut led = view.clone();
+    // Spread leaders one per node where possible: under the threshold.
+    for (i, shard) in led.shards.values_mut().enumerate() {
+        shard.leader = Some(1 + (i as u64 % 3));
+    }
+    assert_eq!(plan_rebalance(&led, 4, 3), vec![]);
+    // All leaders on node 1: past the threshold, leaderships move.
+    let plan = plan_rebalance(&view, 4, 3);
+    assert!(!plan.is_empty());
+    assert!(plan
+        .iter()
+        .all(|a| matches!(a, Action::TransferLeader { .. })));
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    /// Rebalancing in rounds of at most `max_moves` keeps every shard's live
+    /// replicas (`execute` checks each step), and reaches a fixed point
+    /// where replica counts are within the hysteresis threshold.
+    #[test]
+    fn rebalance_rounds_are_bounded_safe_and_settle(view in random_view(), max_moves in 1usize..=4, leader_spread in 2usize..=5) {
+        let mut at = view;
+        let mut settled = false;
+        for _ in 0..(4 * MAX_ACTIONS_PER_PLAN) {
+            let plan = plan_rebalance(&at, max_moves, leader_spread);
+            prop_assert!(plan.len() <= max_moves);
+            if plan.is_empty() {
+                settled = true;
+                break;
+            }
+            at = execute(&at, &plan);
+        }
+        prop_assert!(settled, "no fixed point");
+        prop_assert!(spread_of(at.replica_counts()) < REBALANCE_REPLICA_SPREAD, "{:?}", at.replica_counts());
+    }
+}

@@ -341,21 +341,26 @@ pub struct Metrics {
     node: NodeGauges,
     /// Connections the gRPC port closed unserved, in `Refusal::ALL` order.
     connections_refused: [IntCounter; 3],
-    /// The controller's repair, as this node ran it while leading the meta
-    /// shard.
-    pub repair: RepairMetrics,
+    /// The controller's own moves, as this node made them while leading
+    /// the meta shard.
+    pub controller: ControllerMetrics,
     /// Scrapes rebuild the per-shard gauges and advance the mirrored
     /// counters; one at a time, so two scrapes never interleave the two.
     scrape: Mutex<()>,
 }
 
-/// The controller's repair rounds (crates/controller/src/repair.rs).
+/// The controller's own rounds (crates/controller/src/repair.rs and
+/// balance.rs).
 #[derive(Clone)]
-pub struct RepairMetrics {
-    /// Replica moves that completed.
+pub struct ControllerMetrics {
+    /// Repair moves that completed.
     pub moves_done: IntCounter,
-    /// Replica moves that failed (the next round plans again).
+    /// Repair moves that failed (the next round plans again).
     pub moves_failed: IntCounter,
+    /// Balance steps (replica moves, leader transfers) that completed.
+    pub balance_done: IntCounter,
+    /// Balance steps that failed (the next round plans again).
+    pub balance_failed: IntCounter,
     /// Nodes unreachable for at least `controller.node_down_after_ms`, as of
     /// the last round (0 when this node does not lead the meta shard).
     pub nodes_down: IntGauge,
@@ -626,9 +631,17 @@ impl Metrics {
             "Replica moves the controller made by itself to replace replicas on down nodes, by outcome: done, failed.",
             &["outcome"],
         );
-        let repair = RepairMetrics {
+        let balance_steps = counter_vec(
+            r,
+            "fencelock_controller_balance_steps_total",
+            "Replica moves and leader transfers the controller made by itself to even out the UP nodes (controller.balance), by outcome: done, failed.",
+            &["outcome"],
+        );
+        let controller = ControllerMetrics {
             moves_done: repair_moves.with_label_values(&["done"]),
             moves_failed: repair_moves.with_label_values(&["failed"]),
+            balance_done: balance_steps.with_label_values(&["done"]),
+            balance_failed: balance_steps.with_label_values(&["failed"]),
             nodes_down: gauge(
                 r,
                 "fencelock_controller_nodes_down",
@@ -643,7 +656,7 @@ impl Metrics {
             shard,
             node,
             connections_refused,
-            repair,
+            controller,
             scrape: Mutex::new(()),
         }
     }

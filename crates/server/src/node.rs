@@ -55,7 +55,8 @@ pub struct Node {
     /// The meta leader's look for migrations left open.
     reshard_task: tokio::task::JoinHandle<()>,
     epoch_task: tokio::task::JoinHandle<()>,
-    /// The controller's repair rounds (absent with `controller.repair = false`).
+    /// The controller's own rounds (absent with `controller.repair` and
+    /// `controller.balance` both off).
     repair_task: Option<tokio::task::JoinHandle<()>>,
     ops: crate::ops::Ops,
     metrics: Arc<Metrics>,
@@ -178,26 +179,30 @@ const RESHARD_SWEEP_EVERY: u32 = 12;
 /// clear leftovers. Running next to a live orchestrator is safe: every step
 /// is idempotent and decided from the shards' replicated state
 /// ([`crate::reshard`]).
-/// How often the meta shard's leader runs a repair round. Bounded by the
+/// How often the meta shard's leader runs a round. Bounded by the
 /// shortest `controller.node_down_after_ms`, so a node is replaced within
 /// one interval of the bound.
-const REPAIR_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
+const CONTROL_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
 
-/// The controller's repair, on the meta shard's leader only: every
-/// [`REPAIR_INTERVAL`] a round observes who answers and replaces the
-/// replicas of nodes down for `node_down_after_ms`
-/// (`fencelock_controller::repair`). Rounds do not overlap (one task, one
-/// round at a time); a node that stops leading the meta shard forgets what
-/// it observed, and the next leader observes for itself.
-async fn repair_replicas(
+/// The controller's own moves, on the meta shard's leader only: every
+/// [`CONTROL_INTERVAL`] a repair round (`controller.repair`) observes who
+/// answers and replaces the replicas of nodes down for
+/// `node_down_after_ms` (`fencelock_controller::repair`); a round that
+/// found everyone answering then balances (`controller.balance`,
+/// `fencelock_controller::balance`). Rounds do not overlap (one task, one
+/// at a time); a node that stops leading the meta shard forgets what it
+/// observed, and the next leader observes for itself.
+async fn act_on_placement(
     ops: crate::ops::Ops,
     status: Arc<Mutex<Vec<ShardStatus>>>,
-    config: fencelock_controller::repair::RepairConfig,
-    metrics: crate::metrics::RepairMetrics,
+    config: crate::config::ControllerConfig,
+    metrics: crate::metrics::ControllerMetrics,
 ) {
     let started = std::time::Instant::now();
+    let repair = config.repair_config();
+    let balance = config.balance_config();
     let mut tracker = fencelock_controller::repair::DownTracker::default();
-    let mut interval = tokio::time::interval(REPAIR_INTERVAL);
+    let mut interval = tokio::time::interval(CONTROL_INTERVAL);
     interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         interval.tick().await;
@@ -210,28 +215,55 @@ async fn repair_replicas(
             metrics.nodes_down.set(0);
             continue;
         }
-        let now_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
-        let (round, failure) = match ops.repair_round(&mut tracker, now_ms, &config).await {
-            Ok(round) => (round, None),
-            Err((round, e)) => (round, Some(e)),
-        };
-        metrics
-            .nodes_down
-            .set(i64::try_from(round.down.len()).unwrap_or(i64::MAX));
-        metrics.moves_done.inc_by(round.moved as u64);
-        for action in round.planned.iter().take(round.moved) {
-            tracing::info!(?action, down = ?round.down, "repair: replaced a replica on a down node");
+        if config.repair {
+            let now_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+            let (round, failure) = match ops.repair_round(&mut tracker, now_ms, &repair).await {
+                Ok(round) => (round, None),
+                Err((round, e)) => (round, Some(e)),
+            };
+            metrics
+                .nodes_down
+                .set(i64::try_from(round.down.len()).unwrap_or(i64::MAX));
+            metrics.moves_done.inc_by(round.moved as u64);
+            for action in round.planned.iter().take(round.moved) {
+                tracing::info!(?action, down = ?round.down, "repair: replaced a replica on a down node");
+            }
+            if let Some(e) = failure {
+                if round.planned.len() > round.moved {
+                    metrics.moves_failed.inc();
+                    tracing::warn!(
+                        action = ?round.planned[round.moved],
+                        down = ?round.down,
+                        "repair: a replica move failed (the next round plans again): {e}"
+                    );
+                } else {
+                    tracing::warn!("repair: observing the cluster failed: {e}");
+                }
+                continue;
+            }
+            if round.paused || !round.unreachable.is_empty() || round.moved > 0 {
+                continue;
+            }
         }
-        if let Some(e) = failure {
-            if round.planned.len() > round.moved {
-                metrics.moves_failed.inc();
-                tracing::warn!(
-                    action = ?round.planned[round.moved],
-                    down = ?round.down,
-                    "repair: a replica move failed (the next round plans again): {e}"
-                );
-            } else {
-                tracing::warn!("repair: observing the cluster failed: {e}");
+        if config.balance {
+            let (round, failure) = match ops.balance_round(&balance).await {
+                Ok(round) => (round, None),
+                Err((round, e)) => (round, Some(e)),
+            };
+            metrics.balance_done.inc_by(round.done as u64);
+            for action in round.planned.iter().take(round.done) {
+                tracing::info!(?action, "balance: evened out the UP nodes");
+            }
+            if let Some(e) = failure {
+                if round.planned.len() > round.done {
+                    metrics.balance_failed.inc();
+                    tracing::warn!(
+                        action = ?round.planned[round.done],
+                        "balance: a step failed (the next round plans again): {e}"
+                    );
+                } else {
+                    tracing::warn!("balance: observing the cluster failed: {e}");
+                }
             }
         }
     }
@@ -495,12 +527,13 @@ impl Node {
             router.clone(),
             status.clone(),
         ));
-        let repair_task = config.controller.repair.then(|| {
-            tokio::spawn(repair_replicas(
+        let controller = &config.controller;
+        let repair_task = (controller.repair || controller.balance).then(|| {
+            tokio::spawn(act_on_placement(
                 ops.clone(),
                 status.clone(),
-                config.controller.repair_config(),
-                metrics.repair.clone(),
+                controller.clone(),
+                metrics.controller.clone(),
             ))
         });
         let epoch_task = tokio::spawn(advance_epochs(

@@ -64,6 +64,26 @@ impl Cluster {
         }
     }
 
+    /// Starts node `id` on a fresh port with `join = true` (empty, waiting
+    /// to be added: `admin add-node`), its peers being every node so far;
+    /// `tweak` adjusts its configuration. Returns its address.
+    pub async fn start_joining(&mut self, id: u64, tweak: impl Fn(&mut NodeConfig)) -> String {
+        let addr = format!("127.0.0.1:{}", free_port());
+        let mut peers: BTreeMap<u64, String> = self
+            .configs
+            .iter()
+            .map(|(id, c)| (*id, c.listen_addr.clone()))
+            .collect();
+        peers.insert(id, addr.clone());
+        let mut config = NodeConfig::for_test(id, self.dir.path().join(format!("node{id}")), peers);
+        config.join = true;
+        tweak(&mut config);
+        self.configs.insert(id, config);
+        self.rules.insert(id, Arc::new(NetworkRules::default()));
+        self.restart(id).await;
+        addr
+    }
+
     pub fn wipe(&self, id: u64) {
         let _ = std::fs::remove_dir_all(&self.configs[&id].data_dir);
     }

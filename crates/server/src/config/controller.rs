@@ -3,6 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use fencelock_controller::balance::{BalanceConfig, DEFAULT_LEADER_SPREAD};
 use fencelock_controller::repair::{
     RepairConfig, DEFAULT_MAX_MOVES_PER_ROUND, DEFAULT_NODE_DOWN_AFTER_MS, MAX_MOVES_PER_ROUND,
 };
@@ -26,10 +27,19 @@ pub struct ControllerConfig {
     /// How long a node must stay unreachable before its replicas are
     /// replaced, 1000..=86400000 ms (default 300000).
     pub node_down_after_ms: u64,
-    /// Replica moves per repair round, one after another, 1..=16 (default
-    /// 2).
+    /// Replica moves (and, balancing, leader transfers) per round, one
+    /// after another, 1..=16 (default 2).
     pub max_moves_per_round: usize,
+    /// Even out replicas and leaderships over the `UP` nodes by itself when
+    /// every node answers (default false: `fencelock admin balance`).
+    pub balance: bool,
+    /// Leadership counts this far apart (max − min) start a rebalance,
+    /// 2..=64 (default 3); replica counts start one at 2 apart.
+    pub balance_leader_spread: usize,
 }
+
+/// Largest `controller.balance_leader_spread`.
+pub const MAX_BALANCE_LEADER_SPREAD: usize = 64;
 
 impl Default for ControllerConfig {
     fn default() -> Self {
@@ -37,6 +47,8 @@ impl Default for ControllerConfig {
             repair: true,
             node_down_after_ms: DEFAULT_NODE_DOWN_AFTER_MS,
             max_moves_per_round: DEFAULT_MAX_MOVES_PER_ROUND,
+            balance: false,
+            balance_leader_spread: DEFAULT_LEADER_SPREAD,
         }
     }
 }
@@ -47,6 +59,14 @@ impl ControllerConfig {
         RepairConfig {
             node_down_after_ms: self.node_down_after_ms,
             max_moves: self.max_moves_per_round,
+        }
+    }
+
+    /// The balancing rule's knobs.
+    pub fn balance_config(&self) -> BalanceConfig {
+        BalanceConfig {
+            max_moves: self.max_moves_per_round,
+            leader_spread: self.balance_leader_spread,
         }
     }
 
@@ -62,6 +82,12 @@ impl ControllerConfig {
             self.max_moves_per_round,
             1,
             MAX_MOVES_PER_ROUND,
+        )?;
+        check_range(
+            "controller.balance_leader_spread",
+            self.balance_leader_spread,
+            2,
+            MAX_BALANCE_LEADER_SPREAD,
         )
     }
 }

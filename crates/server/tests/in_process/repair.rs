@@ -1,7 +1,8 @@
 //! The controller acting by itself: a node that stays unreachable for
 //! `controller.node_down_after_ms` has its replicas replaced on live nodes
-//! by the meta shard's leader, with no operator action; with repair off,
-//! nothing moves.
+//! by the meta shard's leader, with no operator action; with repair off or
+//! the scheduler paused, nothing moves; with `controller.balance`, an added
+//! node fills up and the cluster settles.
 
 use crate::common;
 use std::collections::{BTreeMap, BTreeSet};
@@ -164,4 +165,79 @@ async fn a_paused_controller_moves_nothing_and_a_resumed_one_repairs() {
         Duration::from_millis(DOWN_AFTER_MS) + Duration::from_secs(60),
     )
     .await;
+}
+
+/// Replicas and leaderships per node, from the shards' leaders.
+fn loads(cluster: &Cluster) -> (BTreeMap<u64, usize>, BTreeMap<u64, usize>) {
+    let mut replicas: BTreeMap<u64, usize> = cluster.nodes.keys().map(|n| (*n, 0)).collect();
+    let mut leaders = replicas.clone();
+    for (id, node) in &cluster.nodes {
+        for s in node.shard_status() {
+            if s.is_leader {
+                *leaders.entry(*id).or_default() += 1;
+                for v in &s.voters {
+                    *replicas.entry(*v).or_default() += 1;
+                }
+            }
+        }
+    }
+    (replicas, leaders)
+}
+
+fn spread(counts: &BTreeMap<u64, usize>) -> usize {
+    counts.values().max().unwrap_or(&0) - counts.values().min().unwrap_or(&0)
+}
+
+async fn map_version(cluster: &Cluster, node: u64) -> u64 {
+    cluster
+        .admin(node)
+        .await
+        .list_nodes(fencelock_api::v1::ListNodesRequest::default())
+        .await
+        .expect("list nodes")
+        .into_inner()
+        .map_version
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_added_node_fills_up_by_itself_and_the_cluster_settles() {
+    let mut cluster = Cluster::start(3, |c| {
+        c.shard_count = DATA_SHARDS;
+        c.controller.balance = true;
+    })
+    .await;
+    // A fourth node that joins the running cluster, added by an operator.
+    let addr4 = cluster
+        .start_joining(4, |c| c.controller.balance = true)
+        .await;
+    cluster
+        .admin(1)
+        .await
+        .add_node(fencelock_api::v1::AddNodeRequest {
+            address: addr4,
+            node_id: 4,
+        })
+        .await
+        .expect("add node");
+
+    // Replicas and leaderships move to node 4 with no `admin balance`.
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        let (replicas, leaders) = loads(&cluster);
+        if spread(&replicas) <= 1 && leaders[&4] > 0 && replicas[&4] > 0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not balanced: replicas {replicas:?}, leaders {leaders:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // And then it settles: no further move for a while.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let settled = map_version(&cluster, 1).await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(map_version(&cluster, 1).await, settled, "still moving");
+    let (replicas, _) = loads(&cluster);
+    assert!(spread(&replicas) <= 1, "{replicas:?}");
 }

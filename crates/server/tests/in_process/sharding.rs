@@ -15,7 +15,6 @@ use fencelock_api::v1::{
     ListShardsRequest, MoveReplicaRequest, MoveSlots, Reason, ReleaseRequest, ReshardRequest,
     RetryPolicy, SlotRange, SplitShard, TransferLeaderRequest,
 };
-use fencelock_server::config::NodeConfig;
 use fencelock_statemachine::{slot_of, Command, LeaseId, LockError, RequestId, ResourceName};
 
 fn res(name: &str) -> ResourceName {
@@ -325,26 +324,7 @@ async fn stale_route_after_a_migration_is_refused_then_served_by_the_new_owner_o
 async fn locks_stay_safe_while_slots_replicas_and_leaders_move() {
     let mut cluster = Cluster::start(3, |_| {}).await;
     // A fourth node that joins the running cluster.
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let addr4 = format!("127.0.0.1:{port}");
-    let mut peers: BTreeMap<u64, String> = cluster
-        .configs
-        .iter()
-        .map(|(id, c)| (*id, c.listen_addr.clone()))
-        .collect();
-    peers.insert(4, addr4.clone());
-    let mut c4 = NodeConfig::for_test(4, cluster.dir.path().join("node4"), peers);
-    c4.join = true;
-    cluster.configs.insert(4, c4);
-    cluster.rules.insert(
-        4,
-        Arc::new(fencelock_server::netfilter::NetworkRules::default()),
-    );
-    cluster.restart(4).await;
+    let addr4 = cluster.start_joining(4, |_| {}).await;
 
     let endpoints: Vec<String> = (1..=3).map(|id| cluster.endpoint(id)).collect();
     let resources: Vec<String> = (0..48).map(|i| format!("acme/sharded-{i}")).collect();
