@@ -18,6 +18,8 @@
 //! * [`balance`] — acting by itself: with every node answering, the meta
 //!   leader evens out replicas and leaderships, with hysteresis
 //!   (`plan_rebalance`; off unless `controller.balance`).
+//! * [`split`] — acting by itself: the meta leader splits a data shard
+//!   holding `controller.split_above_locks` locks (`plan_split`).
 //! * [`handoff`] — a stopping node hands its leaderships to serving voters.
 //! * [`nodes`] — the I/O seam: the node-local calls the above are made of.
 //! * [`error`] — [`ControllerError`], with its wire reason and retry advice.
@@ -29,5 +31,6 @@ pub mod nodes;
 pub mod ops;
 pub mod repair;
 pub mod reshard;
+pub mod split;
 
 pub use error::ControllerError;

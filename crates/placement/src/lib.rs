@@ -48,7 +48,8 @@ pub use error::PlacementError;
 pub use limits::*;
 pub use map::PlacementMap;
 pub use planner::{
-    plan_balance, plan_drain, plan_rebalance, plan_repair, REBALANCE_REPLICA_SPREAD,
+    plan_balance, plan_drain, plan_rebalance, plan_repair, plan_split, ShardLoad,
+    REBALANCE_REPLICA_SPREAD,
 };
 pub use types::*;
 pub use view::{simulate, Action, ClusterView, ShardView};

@@ -189,6 +189,43 @@ pub fn plan_rebalance(view: &ClusterView, max_moves: usize, leader_spread: usize
     plan
 }
 
+/// One data shard's load, as its leader reports it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ShardLoad {
+    /// Locks held in the shard now.
+    pub held_locks: u64,
+    /// Slots the shard owns.
+    pub owned_slots: u32,
+}
+
+/// The data shard to split by load, if any: among the shards holding at
+/// least `split_above_locks` locks (0: never) and owning two slots or more
+/// (a single slot cannot be split), the one holding the most, lowest id on
+/// ties. None while `shards_in_map` is at [`MAX_SHARDS`]. One split at a
+/// time: the caller does not ask while a migration is open. Splitting
+/// halves a shard's slots, so the halves of a shard whose locks spread
+/// over its slots fall below the threshold; one whose locks sit in a
+/// single slot stops splitting once that slot is alone.
+pub fn plan_split(
+    loads: &BTreeMap<u64, ShardLoad>,
+    split_above_locks: u64,
+    shards_in_map: usize,
+) -> Option<u64> {
+    if split_above_locks == 0 || shards_in_map >= crate::limits::MAX_SHARDS {
+        return None;
+    }
+    loads
+        .iter()
+        .filter(|(&id, load)| {
+            id != crate::limits::META_SHARD_ID
+                && load.held_locks >= split_above_locks
+                && load.owned_slots >= 2
+        })
+        .map(|(&id, load)| (Reverse(load.held_locks), id))
+        .min()
+        .map(|(_, id)| id)
+}
+
 /// Moves replicas from the most to the least loaded accepting node until
 /// counts are within one. Returns false if the plan hit its bound.
 fn balance_replicas(work: &mut ClusterView, plan: &mut Vec<Action>) -> bool {

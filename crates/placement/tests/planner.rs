@@ -641,3 +641,44 @@ proptest! {
         prop_assert!(spread_of(at.replica_counts()) < REBALANCE_REPLICA_SPREAD, "{:?}", at.replica_counts());
     }
 }
+
+fn load(held_locks: u64, owned_slots: u32) -> ShardLoad {
+    ShardLoad {
+        held_locks,
+        owned_slots,
+    }
+}
+
+#[test]
+fn the_busiest_shard_over_the_threshold_is_split_and_nothing_else() {
+    let loads: BTreeMap<u64, ShardLoad> = [
+        (0, load(10_000, 0)),
+        (1, load(150, 256)),
+        (2, load(900, 256)),
+        (3, load(900, 1)),
+        (4, load(99, 512)),
+    ]
+    .into();
+    assert_eq!(
+        plan_split(&loads, 100, 5),
+        Some(2),
+        "most locks, splittable"
+    );
+    assert_eq!(
+        plan_split(&loads, 1_000, 5),
+        None,
+        "none over the threshold"
+    );
+    assert_eq!(plan_split(&loads, 0, 5), None, "0 is off");
+    assert_eq!(
+        plan_split(&loads, 100, MAX_SHARDS),
+        None,
+        "the shard table is full"
+    );
+    let single_slot: BTreeMap<u64, ShardLoad> = [(3, load(900, 1))].into();
+    assert_eq!(
+        plan_split(&single_slot, 100, 5),
+        None,
+        "one slot cannot split"
+    );
+}

@@ -361,6 +361,10 @@ pub struct ControllerMetrics {
     pub balance_done: IntCounter,
     /// Balance steps that failed (the next round plans again).
     pub balance_failed: IntCounter,
+    /// Shards split by load that completed.
+    pub splits_done: IntCounter,
+    /// Splits by load that failed (the next round chooses again).
+    pub splits_failed: IntCounter,
     /// Nodes unreachable for at least `controller.node_down_after_ms`, as of
     /// the last round (0 when this node does not lead the meta shard).
     pub nodes_down: IntGauge,
@@ -637,7 +641,15 @@ impl Metrics {
             "Replica moves and leader transfers the controller made by itself to even out the UP nodes (controller.balance), by outcome: done, failed.",
             &["outcome"],
         );
+        let splits = counter_vec(
+            r,
+            "fencelock_controller_splits_total",
+            "Data shards the controller split by itself for holding controller.split_above_locks locks, by outcome: done, failed.",
+            &["outcome"],
+        );
         let controller = ControllerMetrics {
+            splits_done: splits.with_label_values(&["done"]),
+            splits_failed: splits.with_label_values(&["failed"]),
             moves_done: repair_moves.with_label_values(&["done"]),
             moves_failed: repair_moves.with_label_values(&["failed"]),
             balance_done: balance_steps.with_label_values(&["done"]),

@@ -55,8 +55,8 @@ pub struct Node {
     /// The meta leader's look for migrations left open.
     reshard_task: tokio::task::JoinHandle<()>,
     epoch_task: tokio::task::JoinHandle<()>,
-    /// The controller's own rounds (absent with `controller.repair` and
-    /// `controller.balance` both off).
+    /// The controller's own rounds (absent with repair, balance and split
+    /// by load all off).
     repair_task: Option<tokio::task::JoinHandle<()>>,
     ops: crate::ops::Ops,
     metrics: Arc<Metrics>,
@@ -188,7 +188,9 @@ const CONTROL_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
 /// [`CONTROL_INTERVAL`] a repair round (`controller.repair`) observes who
 /// answers and replaces the replicas of nodes down for
 /// `node_down_after_ms` (`fencelock_controller::repair`); a round that
-/// found everyone answering then balances (`controller.balance`,
+/// found everyone answering then splits the busiest shard holding
+/// `controller.split_above_locks` locks (`fencelock_controller::split`)
+/// or, with none to split, balances (`controller.balance`,
 /// `fencelock_controller::balance`). Rounds do not overlap (one task, one
 /// at a time); a node that stops leading the meta shard forgets what it
 /// observed, and the next leader observes for itself.
@@ -243,6 +245,28 @@ async fn act_on_placement(
             }
             if round.paused || !round.unreachable.is_empty() || round.moved > 0 {
                 continue;
+            }
+        }
+        if config.split_above_locks > 0 {
+            match ops.split_round(config.split_above_locks).await {
+                Ok(Some((shard_id, done))) => {
+                    metrics.splits_done.inc();
+                    tracing::info!(
+                        shard_id,
+                        new_shard_id = done.new_shard_id,
+                        resources = done.resources,
+                        "split: a shard over controller.split_above_locks was split"
+                    );
+                    continue;
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    metrics.splits_failed.inc();
+                    tracing::warn!(
+                        "split: splitting by load failed (the next round chooses again): {e}"
+                    );
+                    continue;
+                }
             }
         }
         if config.balance {
@@ -528,7 +552,8 @@ impl Node {
             status.clone(),
         ));
         let controller = &config.controller;
-        let repair_task = (controller.repair || controller.balance).then(|| {
+        let acts = controller.repair || controller.balance || controller.split_above_locks > 0;
+        let repair_task = acts.then(|| {
             tokio::spawn(act_on_placement(
                 ops.clone(),
                 status.clone(),

@@ -36,7 +36,14 @@ pub struct ControllerConfig {
     /// Leadership counts this far apart (max − min) start a rebalance,
     /// 2..=64 (default 3); replica counts start one at 2 apart.
     pub balance_leader_spread: usize,
+    /// Split a data shard by itself once it holds this many locks (the
+    /// busiest first, one split at a time), 0..=1000000000; 0 (default)
+    /// never splits.
+    pub split_above_locks: u64,
 }
+
+/// Largest `controller.split_above_locks`.
+pub const MAX_SPLIT_ABOVE_LOCKS: u64 = 1_000_000_000;
 
 /// Largest `controller.balance_leader_spread`.
 pub const MAX_BALANCE_LEADER_SPREAD: usize = 64;
@@ -49,6 +56,7 @@ impl Default for ControllerConfig {
             max_moves_per_round: DEFAULT_MAX_MOVES_PER_ROUND,
             balance: false,
             balance_leader_spread: DEFAULT_LEADER_SPREAD,
+            split_above_locks: 0,
         }
     }
 }
@@ -88,6 +96,12 @@ impl ControllerConfig {
             self.balance_leader_spread,
             2,
             MAX_BALANCE_LEADER_SPREAD,
+        )?;
+        check_range(
+            "controller.split_above_locks",
+            self.split_above_locks,
+            0,
+            MAX_SPLIT_ABOVE_LOCKS,
         )
     }
 }

@@ -241,3 +241,73 @@ async fn an_added_node_fills_up_by_itself_and_the_cluster_settles() {
     let (replicas, _) = loads(&cluster);
     assert!(spread(&replicas) <= 1, "{replicas:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_shard_over_the_lock_threshold_splits_by_itself_and_tokens_keep_rising() {
+    const THRESHOLD: u64 = 20;
+    let cluster = Cluster::start(3, |c| {
+        c.shard_count = 1;
+        c.controller.split_above_locks = THRESHOLD;
+    })
+    .await;
+    // Thirty locks, all in the one data shard.
+    let mut held = Vec::new();
+    for i in 0..30 {
+        let resource = format!("acme/hot-range-{i}");
+        let grant = acquire(
+            &cluster,
+            1,
+            acquire_req(&resource, &format!("s{i}"), 600_000, 0),
+        )
+        .await
+        .expect("granted");
+        assert_eq!(grant.shard_id, 1);
+        held.push((resource, grant));
+    }
+    // The controller splits shard 1 once (each half holds under the
+    // threshold afterwards); every lock is still held, with its token.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let moved = loop {
+        let mut moved = Vec::new();
+        for (resource, grant) in &held {
+            if let Ok(read) = get(&cluster, 2, resource).await {
+                assert!(read.held, "{resource} lost");
+                assert_eq!(read.fencing_token, grant.fencing_token, "{resource}");
+                if read.shard_id != 1 {
+                    moved.push((resource.clone(), grant.clone(), read.shard_id));
+                }
+            }
+        }
+        if !moved.is_empty() {
+            break moved;
+        }
+        assert!(Instant::now() < deadline, "shard 1 was not split");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert!(moved.iter().all(|(_, _, shard)| *shard == 2), "{moved:?}");
+    // A moved resource's next grant gets a higher token than any before.
+    let (resource, grant, _) = &moved[0];
+    assert!(release(&cluster, 1, resource, &grant.lease_id)
+        .await
+        .expect("released"));
+    let again = acquire(&cluster, 1, acquire_req(resource, "again", 60_000, 0))
+        .await
+        .expect("granted again");
+    let highest = held.iter().map(|(_, g)| g.fencing_token).max().unwrap();
+    assert!(
+        again.fencing_token > highest,
+        "{} <= {highest}",
+        again.fencing_token
+    );
+    // And it settles: one split only (the halves are under the threshold).
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let shards = cluster
+        .admin(1)
+        .await
+        .list_shards(fencelock_api::v1::ListShardsRequest::default())
+        .await
+        .expect("list")
+        .into_inner()
+        .shards;
+    assert_eq!(shards.len(), 3, "meta + two data shards: {shards:?}");
+}
