@@ -151,7 +151,6 @@ impl Store {
         m.fsync_entries.observe(entries_staged as f64);
         m.fsync_commands
             .observe(std::mem::take(&mut m.commands_since_sync) as f64);
-        debug_assert!(outbox.is_empty(), "pre-persist messages already sent");
         for (shard_id, mut rd, snapshot, committed_at) in readies {
             let peer = self.peers.get_mut(&shard_id).expect("listed");
             let mut obs = observe::ApplyObs {
