@@ -12,25 +12,21 @@
 //!   decision taken from the shards' and the map's replicated state (see
 //!   docs/safety.md, claim 7). It runs over [`reshard::Cluster`]: [`ops::Ops`]
 //!   in the server, the simulated stores in the deterministic simulation.
-//! * [`repair`] — acting by itself: the meta leader replaces the replicas of
-//!   a node unreachable for `node_down_after_ms` (plans from
-//!   `fencelock-placement`'s `plan_repair`, moves as `admin move-replica`).
-//! * [`balance`] — acting by itself: with every node answering, the meta
-//!   leader evens out replicas and leaderships, with hysteresis
-//!   (`plan_rebalance`; off unless `controller.balance`).
-//! * [`split`] — acting by itself: the meta leader splits a data shard
-//!   holding `controller.split_above_locks` locks (`plan_split`).
+//! * [`act`] — acting by itself: one round a second on the meta leader
+//!   observes once and repairs (replicas of nodes down for
+//!   `node_down_after_ms`), splits by lock count, or balances, with the
+//!   same steps as the operator actions; [`repair`] holds its one memory,
+//!   since when each node has been unreachable.
 //! * [`handoff`] — a stopping node hands its leaderships to serving voters.
 //! * [`nodes`] — the I/O seam: the node-local calls the above are made of.
 //! * [`error`] — [`ControllerError`], with its wire reason and retry advice.
 
-pub mod balance;
+pub mod act;
 pub mod error;
 pub mod handoff;
 pub mod nodes;
 pub mod ops;
 pub mod repair;
 pub mod reshard;
-pub mod split;
 
 pub use error::ControllerError;

@@ -58,6 +58,24 @@ pub struct Moved {
 
 pub use crate::reshard::Resharded;
 
+/// The planner's view of `map` with what `statuses` observed: each shard's
+/// serving leader, and every member that did not answer as down.
+pub(crate) fn view_of(map: &PlacementMap, statuses: &BTreeMap<u64, NodeStatus>) -> ClusterView {
+    let mut leaders = BTreeMap::new();
+    for (node_id, st) in statuses {
+        for r in st.replicas.iter().filter(|r| r.is_leader) {
+            leaders.insert(r.shard_id, *node_id);
+        }
+    }
+    let mut view = ClusterView::from_map(map, &leaders);
+    view.down = map
+        .nodes()
+        .map(|n| n.node_id)
+        .filter(|n| !statuses.contains_key(n))
+        .collect();
+    view
+}
+
 /// The operator actions over the nodes `N` reaches.
 pub struct Ops<N> {
     router: Arc<Router>,
@@ -416,31 +434,17 @@ impl<N: NodeApi> Ops<N> {
         Ok(map_version(&resp))
     }
 
-    /// Leaders of every shard, as observed now.
-    async fn observed(&self, map: &PlacementMap) -> (BTreeMap<u64, u64>, BTreeSet<u64>) {
-        let statuses = self.statuses(map).await;
-        let mut leaders = BTreeMap::new();
-        for (node_id, st) in &statuses {
-            for r in &st.replicas {
-                if r.is_leader {
-                    leaders.insert(r.shard_id, *node_id);
-                }
-            }
-        }
-        let down = map
-            .nodes()
-            .map(|n| n.node_id)
-            .filter(|n| !statuses.contains_key(n))
-            .collect();
-        (leaders, down)
+    /// The newest map and every member's status (absent: did not answer),
+    /// asked once; the input of every plan.
+    pub(crate) async fn observe(&self) -> Result<(Arc<PlacementMap>, BTreeMap<u64, NodeStatus>)> {
+        let map = self.fresh_map().await?;
+        let statuses = self.statuses(&map).await;
+        Ok((map, statuses))
     }
 
     pub(crate) async fn view(&self) -> Result<ClusterView> {
-        let map = self.fresh_map().await?;
-        let (leaders, down) = self.observed(&map).await;
-        let mut view = ClusterView::from_map(&map, &leaders);
-        view.down = down;
-        Ok(view)
+        let (map, statuses) = self.observe().await?;
+        Ok(view_of(&map, &statuses))
     }
 
     pub(crate) async fn execute(&self, plan: Vec<Action>) -> Result<Moved> {

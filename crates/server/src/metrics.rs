@@ -349,8 +349,7 @@ pub struct Metrics {
     scrape: Mutex<()>,
 }
 
-/// The controller's own rounds (crates/controller/src/repair.rs and
-/// balance.rs).
+/// The controller's own rounds (crates/controller/src/act.rs).
 #[derive(Clone)]
 pub struct ControllerMetrics {
     /// Repair moves that completed.

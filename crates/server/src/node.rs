@@ -185,24 +185,19 @@ const RESHARD_SWEEP_EVERY: u32 = 12;
 const CONTROL_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// The controller's own moves, on the meta shard's leader only: every
-/// [`CONTROL_INTERVAL`] a repair round (`controller.repair`) observes who
-/// answers and replaces the replicas of nodes down for
-/// `node_down_after_ms` (`fencelock_controller::repair`); a round that
-/// found everyone answering then splits the busiest shard holding
-/// `controller.split_above_locks` locks (`fencelock_controller::split`)
-/// or, with none to split, balances (`controller.balance`,
-/// `fencelock_controller::balance`). Rounds do not overlap (one task, one
-/// at a time); a node that stops leading the meta shard forgets what it
+/// [`CONTROL_INTERVAL`] one round (`fencelock_controller::act`) observes
+/// the cluster once and repairs, splits by lock count or balances, as the
+/// `[controller]` section allows. Rounds do not overlap (one task, one at a
+/// time); a node that stops leading the meta shard forgets what it
 /// observed, and the next leader observes for itself.
 async fn act_on_placement(
     ops: crate::ops::Ops,
     status: Arc<Mutex<Vec<ShardStatus>>>,
-    config: crate::config::ControllerConfig,
+    config: fencelock_controller::act::ActConfig,
     metrics: crate::metrics::ControllerMetrics,
 ) {
+    use fencelock_controller::act::Work;
     let started = std::time::Instant::now();
-    let repair = config.repair_config();
-    let balance = config.balance_config();
     let mut tracker = fencelock_controller::repair::DownTracker::default();
     let mut interval = tokio::time::interval(CONTROL_INTERVAL);
     interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -217,78 +212,54 @@ async fn act_on_placement(
             metrics.nodes_down.set(0);
             continue;
         }
-        if config.repair {
-            let now_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
-            let (round, failure) = match ops.repair_round(&mut tracker, now_ms, &repair).await {
-                Ok(round) => (round, None),
-                Err((round, e)) => (round, Some(e)),
-            };
-            metrics
-                .nodes_down
-                .set(i64::try_from(round.down.len()).unwrap_or(i64::MAX));
-            metrics.moves_done.inc_by(round.moved as u64);
-            for action in round.planned.iter().take(round.moved) {
-                tracing::info!(?action, down = ?round.down, "repair: replaced a replica on a down node");
-            }
-            if let Some(e) = failure {
-                if round.planned.len() > round.moved {
-                    metrics.moves_failed.inc();
-                    tracing::warn!(
-                        action = ?round.planned[round.moved],
-                        down = ?round.down,
-                        "repair: a replica move failed (the next round plans again): {e}"
-                    );
-                } else {
-                    tracing::warn!("repair: observing the cluster failed: {e}");
+        let now_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        let (round, failure) = match ops.act_round(&mut tracker, now_ms, &config).await {
+            Ok(round) => (round, None),
+            Err((round, e)) => (round, Some(e)),
+        };
+        metrics
+            .nodes_down
+            .set(i64::try_from(round.down.len()).unwrap_or(i64::MAX));
+        let (kind, steps, done, failed) = match &round.work {
+            Work::Nothing => {
+                if let Some(e) = failure {
+                    tracing::warn!("controller: observing the cluster failed: {e}");
                 }
                 continue;
             }
-            if round.paused || !round.unreachable.is_empty() || round.moved > 0 {
-                continue;
-            }
+            Work::Repair(plan) => (
+                "repair",
+                plan.as_slice(),
+                &metrics.moves_done,
+                &metrics.moves_failed,
+            ),
+            Work::Balance(plan) => (
+                "balance",
+                plan.as_slice(),
+                &metrics.balance_done,
+                &metrics.balance_failed,
+            ),
+            Work::Split { .. } => (
+                "split",
+                &[][..],
+                &metrics.splits_done,
+                &metrics.splits_failed,
+            ),
+        };
+        done.inc_by(round.done as u64);
+        for action in steps.iter().take(round.done) {
+            tracing::info!(?action, down = ?round.down, "controller {kind}: step done");
         }
-        if config.split_above_locks > 0 {
-            match ops.split_round(config.split_above_locks).await {
-                Ok(Some((shard_id, done))) => {
-                    metrics.splits_done.inc();
-                    tracing::info!(
-                        shard_id,
-                        new_shard_id = done.new_shard_id,
-                        resources = done.resources,
-                        "split: a shard over controller.split_above_locks was split"
-                    );
-                    continue;
-                }
-                Ok(None) => {}
-                Err(e) => {
-                    metrics.splits_failed.inc();
-                    tracing::warn!(
-                        "split: splitting by load failed (the next round chooses again): {e}"
-                    );
-                    continue;
-                }
-            }
+        if let (Work::Split { shard_id }, 1) = (&round.work, round.done) {
+            tracing::info!(
+                shard_id,
+                "controller split: a shard over controller.split_above_locks was split"
+            );
         }
-        if config.balance {
-            let (round, failure) = match ops.balance_round(&balance).await {
-                Ok(round) => (round, None),
-                Err((round, e)) => (round, Some(e)),
-            };
-            metrics.balance_done.inc_by(round.done as u64);
-            for action in round.planned.iter().take(round.done) {
-                tracing::info!(?action, "balance: evened out the UP nodes");
-            }
-            if let Some(e) = failure {
-                if round.planned.len() > round.done {
-                    metrics.balance_failed.inc();
-                    tracing::warn!(
-                        action = ?round.planned[round.done],
-                        "balance: a step failed (the next round plans again): {e}"
-                    );
-                } else {
-                    tracing::warn!("balance: observing the cluster failed: {e}");
-                }
-            }
+        if let Some(e) = failure {
+            failed.inc();
+            let step = steps.get(round.done);
+            tracing::warn!(?step, down = ?round.down, "controller {kind}: a step failed (the next round decides again): {e}");
         }
     }
 }
@@ -552,12 +523,11 @@ impl Node {
             status.clone(),
         ));
         let controller = &config.controller;
-        let acts = controller.repair || controller.balance || controller.split_above_locks > 0;
-        let repair_task = acts.then(|| {
+        let repair_task = controller.acts().then(|| {
             tokio::spawn(act_on_placement(
                 ops.clone(),
                 status.clone(),
-                controller.clone(),
+                controller.act_config(),
                 metrics.controller.clone(),
             ))
         });

@@ -3,9 +3,9 @@
 
 use serde::{Deserialize, Serialize};
 
-use fencelock_controller::balance::{BalanceConfig, DEFAULT_LEADER_SPREAD};
-use fencelock_controller::repair::{
-    RepairConfig, DEFAULT_MAX_MOVES_PER_ROUND, DEFAULT_NODE_DOWN_AFTER_MS, MAX_MOVES_PER_ROUND,
+use fencelock_controller::act::{
+    ActConfig, DEFAULT_LEADER_SPREAD, DEFAULT_MAX_MOVES_PER_ROUND, DEFAULT_NODE_DOWN_AFTER_MS,
+    MAX_MOVES_PER_ROUND,
 };
 
 use super::{check_range, ConfigError};
@@ -62,20 +62,21 @@ impl Default for ControllerConfig {
 }
 
 impl ControllerConfig {
-    /// The repair rule's knobs.
-    pub fn repair_config(&self) -> RepairConfig {
-        RepairConfig {
+    /// What the controller does by itself, for its rounds.
+    pub fn act_config(&self) -> ActConfig {
+        ActConfig {
+            repair: self.repair,
             node_down_after_ms: self.node_down_after_ms,
+            balance: self.balance,
+            leader_spread: self.balance_leader_spread,
+            split_above_locks: self.split_above_locks,
             max_moves: self.max_moves_per_round,
         }
     }
 
-    /// The balancing rule's knobs.
-    pub fn balance_config(&self) -> BalanceConfig {
-        BalanceConfig {
-            max_moves: self.max_moves_per_round,
-            leader_spread: self.balance_leader_spread,
-        }
+    /// Whether the controller does anything by itself.
+    pub fn acts(&self) -> bool {
+        self.repair || self.balance || self.split_above_locks > 0
     }
 
     pub(super) fn validate(&self) -> Result<(), ConfigError> {
