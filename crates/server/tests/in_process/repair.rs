@@ -149,6 +149,31 @@ async fn a_paused_controller_moves_nothing_and_a_resumed_one_repairs() {
     let asker = (1..=5).find(|n| *n != dead).unwrap();
     assert!(!scheduler(&cluster, asker, Action::Status).await);
     assert!(scheduler(&cluster, asker, Action::Pause).await);
+    // The flag is in the map, not in the leader's memory: a new meta
+    // leader obeys it too.
+    let meta = fencelock_placement::META_SHARD_ID;
+    let old_meta = cluster.leader_of(meta).expect("a meta leader");
+    let meta_voters = voters(&cluster)[&meta].clone();
+    if let Some(&to) = meta_voters.iter().find(|n| **n != old_meta && **n != dead) {
+        cluster
+            .admin(asker)
+            .await
+            .transfer_leader(fencelock_api::v1::TransferLeaderRequest {
+                shard_id: meta,
+                to_node_id: to,
+            })
+            .await
+            .expect("meta leadership moves");
+        // Status is published once per Raft tick.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while cluster.leader_of(meta) != Some(to) {
+            assert!(
+                Instant::now() < deadline,
+                "node {to} never led the meta shard"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
     cluster.crash(dead).await;
     tokio::time::sleep(Duration::from_millis(DOWN_AFTER_MS + 4_000)).await;
     cluster.wait_for_leaders(Duration::from_secs(20)).await;
