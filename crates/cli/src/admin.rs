@@ -112,7 +112,7 @@ enum AdminCommand {
     },
 }
 
-#[derive(Debug, Clone, Copy, Subcommand)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Subcommand)]
 enum SchedulerCommand {
     /// Whether the controller is paused.
     Status,
@@ -120,6 +120,10 @@ enum SchedulerCommand {
     Pause,
     /// Move by itself again.
     Resume,
+    /// What the controller would do now, carried out by no one (a dry
+    /// run): the work, why, and its steps. Only nodes the map marks DOWN
+    /// count as down here; members not answering now are listed apart.
+    Plan,
 }
 
 #[derive(Debug, Subcommand)]
@@ -263,6 +267,7 @@ pub async fn run(args: AdminArgs) -> u8 {
                         .with("state", name_of(state.as_str_name(), "NODE_STATE_"))
                         .with("replicas", n.replica_count)
                         .with("leaders", n.leader_count)
+                        .with("marked_down", n.marked_down)
                 })
                 .collect();
             (
@@ -377,6 +382,7 @@ pub async fn run(args: AdminArgs) -> u8 {
                 SchedulerCommand::Status => Action::Status,
                 SchedulerCommand::Pause => Action::Pause,
                 SchedulerCommand::Resume => Action::Resume,
+                SchedulerCommand::Plan => Action::Plan,
             };
             admin
                 .scheduler(fencelock_api::v1::SchedulerRequest {
@@ -385,12 +391,37 @@ pub async fn run(args: AdminArgs) -> u8 {
                 .await
                 .map(|r| {
                     let r = r.into_inner();
-                    single(
-                        Object::new()
-                            .with("ok", true)
-                            .with("paused", r.paused)
-                            .with("map_version", r.map_version),
-                    )
+                    let status = Object::new()
+                        .with("ok", true)
+                        .with("paused", r.paused)
+                        .with("map_version", r.map_version);
+                    if command != SchedulerCommand::Plan {
+                        return single(status);
+                    }
+                    let ids = |ids: &[u64]| {
+                        let names: Vec<String> = ids.iter().map(u64::to_string).collect();
+                        if names.is_empty() {
+                            "-".to_owned()
+                        } else {
+                            names.join(",")
+                        }
+                    };
+                    let (object, mut human) = single(
+                        status
+                            .with("unreachable", ids(&r.unreachable))
+                            .with("down", ids(&r.down))
+                            .with("work", r.work.clone())
+                            .with("reason", r.reason.clone()),
+                    );
+                    let steps: Vec<Object> = r
+                        .steps
+                        .iter()
+                        .map(|s| Object::new().with("step", s.clone()))
+                        .collect();
+                    for (i, step) in r.steps.iter().enumerate() {
+                        human.push_str(&format!("{:<16} {step}\n", format!("step {}", i + 1)));
+                    }
+                    (object.with("steps", steps), human)
                 })
         }
         AdminCommand::Balance => admin.balance(BalanceRequest {}).await.map(|r| {

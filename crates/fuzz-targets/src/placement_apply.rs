@@ -36,9 +36,10 @@ fn command(input: &mut Input) -> PlacementCommand {
         },
         2 => PlacementCommand::SetNodeState {
             node_id: small_id(input),
-            state: match input.u8() % 3 {
+            state: match input.u8() % 4 {
                 0 => NodeState::Up,
                 1 => NodeState::Draining,
+                2 => NodeState::Down,
                 _ => NodeState::Drained,
             },
         },

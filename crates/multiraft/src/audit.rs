@@ -23,6 +23,10 @@
 //!   first [`LEASE_FINGERPRINT_BYTES`] bytes are logged, enough to match a
 //!   client's log line and far from enough to guess the rest.
 //!
+//! * one line per step the placement controller takes by itself (on the
+//!   meta shard's leader): `event` `controller`, the kind of work, the
+//!   step in words, why, and how it ended ([`DecisionRecord`]).
+//!
 //! Rotation: lines are appended with `O_APPEND`; after `logrotate` moves the
 //! file, SIGHUP (`AuditLog::reopen`) makes the writer open the path anew.
 
@@ -63,8 +67,23 @@ pub struct AuditRecord {
     pub caller: Option<Arc<str>>,
 }
 
+/// One step the placement controller took by itself.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DecisionRecord {
+    pub time_ms: u64,
+    /// `mark_down`, `return`, `repair`, `split` or `balance`.
+    pub kind: &'static str,
+    /// The step in words (`move the replica of shard 3 from node 2 to node 5`).
+    pub step: String,
+    /// Why the controller chose the work.
+    pub reason: String,
+    /// `done`, or `failed: <error>`.
+    pub outcome: String,
+}
+
 enum Msg {
     Record(AuditRecord),
+    Decision(DecisionRecord),
     Reopen,
 }
 
@@ -159,6 +178,16 @@ impl AuditLog {
         }
     }
 
+    /// Queues one controller decision; never blocks, like [`Self::record`].
+    pub fn record_decision(&self, decision: DecisionRecord) {
+        let Some(tx) = &self.tx else {
+            return;
+        };
+        if tx.try_send(Msg::Decision(decision)).is_err() {
+            self.counters.dropped.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
     /// Makes the writer reopen its file (after log rotation moved it).
     pub fn reopen(&self) {
         if let Some(tx) = &self.tx {
@@ -211,6 +240,10 @@ fn write_loop(node_id: u64, mut sink: Sink, rx: Receiver<Msg>, counters: &Counte
                     if buf.len() >= 64 * 1024 {
                         pending = flush(&mut sink, &mut buf, pending, counters);
                     }
+                }
+                Msg::Decision(d) => {
+                    format_decision(node_id, &d, &mut buf);
+                    pending += 1;
                 }
                 Msg::Reopen => {
                     pending = flush(&mut sink, &mut buf, pending, counters);
@@ -276,6 +309,21 @@ pub fn format_line(node_id: u64, r: &AuditRecord, out: &mut Vec<u8>) {
     out.push(b'\n');
 }
 
+/// Appends one JSON line for the controller's decision `d` to `out`.
+pub fn format_decision(node_id: u64, d: &DecisionRecord, out: &mut Vec<u8>) {
+    let line = serde_json::json!({
+        "ts_ms": d.time_ms,
+        "node": node_id,
+        "event": "controller",
+        "kind": d.kind,
+        "step": d.step,
+        "reason": d.reason,
+        "outcome": d.outcome,
+    });
+    let _ = serde_json::to_writer(&mut *out, &line);
+    out.push(b'\n');
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -306,6 +354,28 @@ mod tests {
         assert_eq!(v["caller"], "10.0.0.5:41000");
         assert_eq!(v["lease"], "abababab");
         assert!(!text.contains(&"ab".repeat(16)));
+    }
+
+    #[test]
+    fn a_controller_decision_is_one_line_with_its_step_reason_and_outcome() {
+        let mut out = Vec::new();
+        let d = DecisionRecord {
+            time_ms: 1_700_000_000_000,
+            kind: "repair",
+            step: "move the replica of shard 3 from node 2 to node 5".into(),
+            reason: "replicas on DOWN nodes are replaced".into(),
+            outcome: "done".into(),
+        };
+        format_decision(4, &d, &mut out);
+        let text = String::from_utf8(out).unwrap();
+        assert_eq!(text.matches('\n').count(), 1);
+        let v: serde_json::Value = serde_json::from_str(text.trim_end()).unwrap();
+        assert_eq!(v["event"], "controller");
+        assert_eq!(v["kind"], "repair");
+        assert_eq!(v["node"], 4);
+        assert_eq!(v["step"], d.step);
+        assert_eq!(v["reason"], d.reason);
+        assert_eq!(v["outcome"], "done");
     }
 
     #[test]

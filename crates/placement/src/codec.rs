@@ -88,6 +88,7 @@ impl Out {
             NodeState::Up => 1,
             NodeState::Draining => 2,
             NodeState::Drained => 3,
+            NodeState::Down => 4,
         });
     }
     fn slots(&mut self, slots: &[u32]) {
@@ -161,6 +162,7 @@ impl<'a> In<'a> {
             1 => Ok(NodeState::Up),
             2 => Ok(NodeState::Draining),
             3 => Ok(NodeState::Drained),
+            4 => Ok(NodeState::Down),
             tag => Err(DecodeError::BadTag {
                 what: "node state",
                 tag,

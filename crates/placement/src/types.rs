@@ -3,8 +3,10 @@
 
 use std::collections::BTreeSet;
 
-/// What an operator declared about a node. Whether a node is reachable is
-/// observed by the server, not stored here (see [`crate::ClusterView`]).
+/// What an operator (or the controller) declared about a node. Whether a
+/// node answers right now is observed by the server, not stored here (see
+/// [`crate::ClusterView`]); `Down` is the controller's replicated verdict
+/// that it stopped answering for good.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum NodeState {
     /// Serving; may receive replicas and leaderships.
@@ -15,6 +17,13 @@ pub enum NodeState {
     /// Holds no replica (the map refuses the state otherwise); may be
     /// removed or brought back `Up`.
     Drained,
+    /// Declared down by the controller after `node_down_after_ms` without
+    /// an answer: receives nothing new, and every replica it holds is
+    /// replaced even if it answers again meanwhile, so it never comes back
+    /// as the voter it was. Once it holds nothing and answers, the
+    /// controller makes it `Up` again (an empty node, filled like a new
+    /// one); an operator may drain it (`Drained`) to remove it instead.
+    Down,
 }
 
 /// One node of the cluster.
@@ -66,7 +75,8 @@ pub enum PlacementCommand {
     AddNode { node_id: u64, addr: String },
     /// Forgets a `Drained` node (which by then holds nothing).
     RemoveNode { node_id: u64 },
-    /// Declares a node `Up`, `Draining` or `Drained` (only once empty).
+    /// Declares a node `Up`, `Draining`, `Down` or `Drained` (only once
+    /// empty).
     SetNodeState { node_id: u64, state: NodeState },
     /// Records a finished replica change of one shard.
     SetReplicas {

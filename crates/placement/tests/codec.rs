@@ -215,7 +215,8 @@ fn arbitrary_command() -> impl Strategy<Value = PlacementCommand> {
     let state = prop_oneof![
         Just(NodeState::Up),
         Just(NodeState::Draining),
-        Just(NodeState::Drained)
+        Just(NodeState::Drained),
+        Just(NodeState::Down)
     ];
     let ids = proptest::collection::btree_set(any::<u64>(), 0..10);
     prop_oneof![

@@ -139,7 +139,8 @@ fn state() -> impl Strategy<Value = NodeState> {
     prop_oneof![
         Just(NodeState::Up),
         Just(NodeState::Draining),
-        Just(NodeState::Drained)
+        Just(NodeState::Drained),
+        Just(NodeState::Down)
     ]
 }
 

@@ -359,6 +359,7 @@ fn random_view() -> impl Strategy<Value = ClusterView> {
         6 => Just(NodeState::Up),
         1 => Just(NodeState::Draining),
         1 => Just(NodeState::Drained),
+        1 => Just(NodeState::Down),
     ];
     (
         proptest::collection::vec((state, proptest::bool::weighted(0.1)), 1..=8),

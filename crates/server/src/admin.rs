@@ -28,18 +28,24 @@ pub struct AdminServiceImpl {
     /// configuration. (Safety never depends on this — every step is a
     /// checked Raft or placement command — only progress does.)
     one_at_a_time: tokio::sync::Mutex<()>,
+    /// The thresholds `scheduler plan` decides with (this node's
+    /// `[controller]` section; every node should have the same one).
+    act: fencelock_controller::act::ActConfig,
 }
 
 impl AdminServiceImpl {
-    pub fn new(ops: Ops) -> Self {
+    pub fn new(ops: Ops, act: fencelock_controller::act::ActConfig) -> Self {
         AdminServiceImpl {
             ops,
             one_at_a_time: tokio::sync::Mutex::new(()),
+            act,
         }
     }
 
-    pub fn into_server(self) -> AdminServiceServer<Self> {
-        AdminServiceServer::new(self)
+    /// The gRPC service over one shared instance: the admin HTTP port
+    /// answers through the same one, so its actions take the same turn.
+    pub fn into_server(self: std::sync::Arc<Self>) -> AdminServiceServer<Self> {
+        AdminServiceServer::from_arc(self)
     }
 }
 
@@ -80,11 +86,13 @@ impl AdminService for AdminServiceImpl {
                     (Some(_), PlacedState::Up) => NodeState::Up,
                     (Some(_), PlacedState::Draining) => NodeState::Draining,
                     (Some(_), PlacedState::Drained) => NodeState::Drained,
+                    (Some(_), PlacedState::Down) => NodeState::Down,
                 };
                 Node {
                     node_id: n.node_id,
                     address: n.addr.clone(),
                     state: state as i32,
+                    marked_down: n.state == PlacedState::Down,
                     replica_count: map.shards_on_node(n.node_id).len() as u32,
                     leader_count: status
                         .map(|s| s.replicas.iter().filter(|r| r.is_leader).count() as u32)
@@ -317,6 +325,22 @@ impl AdminService for AdminServiceImpl {
     ) -> Result<Response<SchedulerResponse>, Status> {
         use scheduler_request::Action;
         let pause = match Action::try_from(request.into_inner().action) {
+            Ok(Action::Plan) => {
+                let round = self.ops.plan_round(&self.act).await.map_err(detailed)?;
+                let map = self.ops.fresh_map().await.map_err(detailed)?;
+                let work = &round.work;
+                return Ok(Response::new(SchedulerResponse {
+                    paused: round.paused,
+                    map_version: map.version(),
+                    work: work.kind().to_owned(),
+                    reason: fencelock_controller::act::reason(&self.act, work),
+                    steps: (0..work.steps())
+                        .filter_map(|i| work.describe_step(i))
+                        .collect(),
+                    unreachable: round.unreachable.into_iter().collect(),
+                    down: round.down.into_iter().collect(),
+                }));
+            }
             Ok(Action::Status) => None,
             Ok(Action::Pause) => Some(true),
             Ok(Action::Resume) => Some(false),
@@ -332,6 +356,7 @@ impl AdminService for AdminServiceImpl {
         Ok(Response::new(SchedulerResponse {
             paused,
             map_version,
+            ..SchedulerResponse::default()
         }))
     }
 

@@ -58,11 +58,16 @@ pub struct HttpState {
 }
 
 impl HttpState {
-    pub fn new(metrics: Arc<Metrics>, view: Arc<NodeView>, ops: Ops) -> HttpState {
+    pub fn new(
+        metrics: Arc<Metrics>,
+        view: Arc<NodeView>,
+        ops: Ops,
+        admin: Arc<AdminServiceImpl>,
+    ) -> HttpState {
         HttpState {
             metrics,
             view,
-            admin: Arc::new(AdminServiceImpl::new(ops.clone())),
+            admin,
             history: Arc::new(Mutex::new(History::new(STATUS_HISTORY_SAMPLES))),
             ops,
         }

@@ -364,8 +364,13 @@ pub struct ControllerMetrics {
     pub splits_done: IntCounter,
     /// Splits by load that failed (the next round chooses again).
     pub splits_failed: IntCounter,
-    /// Nodes unreachable for at least `controller.node_down_after_ms`, as of
-    /// the last round (0 when this node does not lead the meta shard).
+    /// Nodes the controller marked `DOWN` in the map.
+    pub marked_down: IntCounter,
+    /// `DOWN` nodes the controller made `UP` again (emptied, answering).
+    pub returned_up: IntCounter,
+    /// Nodes counted as down (unreachable for at least
+    /// `controller.node_down_after_ms`, or marked `DOWN`), as of the last
+    /// round (0 when this node does not lead the meta shard).
     pub nodes_down: IntGauge,
 }
 
@@ -646,7 +651,15 @@ impl Metrics {
             "Data shards the controller split by itself for holding controller.split_above_locks locks, by outcome: done, failed.",
             &["outcome"],
         );
+        let marks = counter_vec(
+            r,
+            "fencelock_controller_node_marks_total",
+            "Node states the controller recorded by itself, by state: down (unreachable for controller.node_down_after_ms), up (a DOWN node answering again with no replica left).",
+            &["state"],
+        );
         let controller = ControllerMetrics {
+            marked_down: marks.with_label_values(&["down"]),
+            returned_up: marks.with_label_values(&["up"]),
             splits_done: splits.with_label_values(&["done"]),
             splits_failed: splits.with_label_values(&["failed"]),
             moves_done: repair_moves.with_label_values(&["done"]),
@@ -656,7 +669,7 @@ impl Metrics {
             nodes_down: gauge(
                 r,
                 "fencelock_controller_nodes_down",
-                "Nodes the controller counts as down (unreachable for controller.node_down_after_ms); reported by the meta shard's leader, 0 elsewhere.",
+                "Nodes the controller counts as down (unreachable for controller.node_down_after_ms, or marked DOWN); reported by the meta shard's leader, 0 elsewhere.",
             ),
         };
 

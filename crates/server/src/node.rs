@@ -195,8 +195,9 @@ async fn act_on_placement(
     status: Arc<Mutex<Vec<ShardStatus>>>,
     config: fencelock_controller::act::ActConfig,
     metrics: crate::metrics::ControllerMetrics,
+    audit: AuditLog,
 ) {
-    use fencelock_controller::act::Work;
+    use fencelock_controller::act::{reason, Work};
     let started = std::time::Instant::now();
     let mut tracker = fencelock_controller::repair::DownTracker::default();
     let mut interval = tokio::time::interval(CONTROL_INTERVAL);
@@ -220,46 +221,41 @@ async fn act_on_placement(
         metrics
             .nodes_down
             .set(i64::try_from(round.down.len()).unwrap_or(i64::MAX));
-        let (kind, steps, done, failed) = match &round.work {
+        let (done, failed) = match &round.work {
             Work::Nothing => {
                 if let Some(e) = failure {
                     tracing::warn!("controller: observing the cluster failed: {e}");
                 }
                 continue;
             }
-            Work::Repair(plan) => (
-                "repair",
-                plan.as_slice(),
-                &metrics.moves_done,
-                &metrics.moves_failed,
-            ),
-            Work::Balance(plan) => (
-                "balance",
-                plan.as_slice(),
-                &metrics.balance_done,
-                &metrics.balance_failed,
-            ),
-            Work::Split { .. } => (
-                "split",
-                &[][..],
-                &metrics.splits_done,
-                &metrics.splits_failed,
-            ),
+            Work::MarkDown(_) => (&metrics.marked_down, None),
+            Work::Return(_) => (&metrics.returned_up, None),
+            Work::Repair(_) => (&metrics.moves_done, Some(&metrics.moves_failed)),
+            Work::Balance(_) => (&metrics.balance_done, Some(&metrics.balance_failed)),
+            Work::Split { .. } => (&metrics.splits_done, Some(&metrics.splits_failed)),
         };
+        let kind = round.work.kind();
+        let why = reason(&config, &round.work);
         done.inc_by(round.done as u64);
-        for action in steps.iter().take(round.done) {
-            tracing::info!(?action, down = ?round.down, "controller {kind}: step done");
-        }
-        if let (Work::Split { shard_id }, 1) = (&round.work, round.done) {
-            tracing::info!(
-                shard_id,
-                "controller split: a shard over controller.split_above_locks was split"
-            );
+        let decision = |i: usize, outcome: String| fencelock_multiraft::audit::DecisionRecord {
+            time_ms: fencelock_multiraft::wall_ms(),
+            kind,
+            step: round.work.describe_step(i).unwrap_or_default(),
+            reason: why.clone(),
+            outcome,
+        };
+        for i in 0..round.done {
+            let step = round.work.describe_step(i).unwrap_or_default();
+            tracing::info!(down = ?round.down, reason = %why, "controller {kind}: {step}: done");
+            audit.record_decision(decision(i, "done".into()));
         }
         if let Some(e) = failure {
-            failed.inc();
-            let step = steps.get(round.done);
-            tracing::warn!(?step, down = ?round.down, "controller {kind}: a step failed (the next round decides again): {e}");
+            if let Some(failed) = failed {
+                failed.inc();
+            }
+            let step = round.work.describe_step(round.done).unwrap_or_default();
+            tracing::warn!(down = ?round.down, reason = %why, "controller {kind}: {step}: failed (the next round decides again): {e}");
+            audit.record_decision(decision(round.done, format!("failed: {e}")));
         }
     }
 }
@@ -512,7 +508,10 @@ impl Node {
             peers.clone(),
             config.raft.clock_offset_allowance_ms,
         );
-        let admin = crate::admin::AdminServiceImpl::new(ops.clone());
+        let admin = Arc::new(crate::admin::AdminServiceImpl::new(
+            ops.clone(),
+            config.controller.act_config(),
+        ));
         // A node without a replica of the meta shard (one added later) gets
         // the map from its peers: at start, then every few seconds. The meta
         // leader finishes migrations left open.
@@ -529,6 +528,7 @@ impl Node {
                 status.clone(),
                 controller.act_config(),
                 metrics.controller.clone(),
+                audit.clone(),
             ))
         });
         let epoch_task = tokio::spawn(advance_epochs(
@@ -592,6 +592,7 @@ impl Node {
             .add_service(TypedDecodeErrors::new(
                 InterceptedService::new(
                     admin
+                        .clone()
                         .into_server()
                         .max_decoding_message_size(max_message)
                         .max_encoding_message_size(max_message),
@@ -627,7 +628,12 @@ impl Node {
             Some(listener) => {
                 let (stop, task, addr) = crate::admin_http::spawn(
                     listener,
-                    crate::admin_http::HttpState::new(metrics.clone(), view.clone(), ops.clone()),
+                    crate::admin_http::HttpState::new(
+                        metrics.clone(),
+                        view.clone(),
+                        ops.clone(),
+                        admin.clone(),
+                    ),
                     tls.material().cloned(),
                 )?;
                 (Some(addr), Some(stop), Some(task))

@@ -83,11 +83,37 @@ async fn a_dead_nodes_replicas_are_replaced_on_live_nodes_without_an_operator() 
     .expect("the repaired cluster serves");
     assert!(next.fencing_token > 0);
 
+    // The map says DOWN, so a new meta leader resumes from it; the dry run
+    // shows nothing left to do.
+    let node = node_entry(&cluster, live, dead).await;
+    assert!(node.marked_down, "{node:?}");
+    assert_eq!(node.state, fencelock_api::v1::NodeState::Down as i32);
+    // (The last move records its replica set in the map just after its
+    // voters changed.)
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let plan = plan(&cluster, live).await;
+        assert_eq!(plan.down, vec![dead]);
+        if plan.work == "nothing" {
+            break;
+        }
+        assert!(Instant::now() < deadline, "still planned: {plan:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
     // The replaced node comes back: it is not let back in as the voter it
-    // was, and the shards keep serving.
+    // was, and the shards keep serving. Holding nothing, it is UP again.
     let repaired = voters(&cluster);
     cluster.restart(dead).await;
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let node = node_entry(&cluster, live, dead).await;
+        if !node.marked_down && node.state == fencelock_api::v1::NodeState::Up as i32 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "never UP again: {node:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     cluster.wait_for_leaders(Duration::from_secs(20)).await;
     assert_eq!(voters(&cluster), repaired, "the old voter is not back");
     let again = acquire(
@@ -125,6 +151,36 @@ async fn scheduler(
         .await
         .expect("scheduler call");
     response.into_inner().paused
+}
+
+/// `node_id` as `admin nodes` lists it, asked of node `asker`.
+async fn node_entry(cluster: &Cluster, asker: u64, node_id: u64) -> fencelock_api::v1::Node {
+    let nodes = cluster
+        .admin(asker)
+        .await
+        .list_nodes(fencelock_api::v1::ListNodesRequest::default())
+        .await
+        .expect("list nodes")
+        .into_inner()
+        .nodes;
+    nodes
+        .into_iter()
+        .find(|n| n.node_id == node_id)
+        .expect("a member")
+}
+
+/// The controller's dry run (`admin scheduler plan`), asked of `node`.
+async fn plan(cluster: &Cluster, node: u64) -> fencelock_api::v1::SchedulerResponse {
+    let action = fencelock_api::v1::scheduler_request::Action::Plan;
+    cluster
+        .admin(node)
+        .await
+        .scheduler(fencelock_api::v1::SchedulerRequest {
+            action: action as i32,
+        })
+        .await
+        .expect("scheduler plan")
+        .into_inner()
 }
 
 /// Waits until no shard has a voter on `dead` and every shard has three.
@@ -178,6 +234,12 @@ async fn a_paused_controller_moves_nothing_and_a_resumed_one_repairs() {
     tokio::time::sleep(Duration::from_millis(DOWN_AFTER_MS + 4_000)).await;
     cluster.wait_for_leaders(Duration::from_secs(20)).await;
     assert_eq!(voters(&cluster), before, "paused: nothing moved");
+    // Not even marked down: the dry run sees it unreachable, nothing else.
+    assert!(!node_entry(&cluster, asker, dead).await.marked_down);
+    let dry = plan(&cluster, asker).await;
+    assert!(dry.paused);
+    assert_eq!(dry.unreachable, vec![dead]);
+    assert_eq!(dry.work, "nothing");
     // Any node answers with the replicated flag.
     let other = (1..=5).rev().find(|n| *n != dead).unwrap();
     assert!(scheduler(&cluster, other, Action::Status).await);
@@ -231,7 +293,11 @@ async fn an_added_node_fills_up_by_itself_and_the_cluster_settles() {
         c.controller.balance = true;
     })
     .await;
-    // A fourth node that joins the running cluster, added by an operator.
+    // A fourth node that joins the running cluster, added by an operator
+    // while the scheduler is paused: the dry run shows the moves to it, and
+    // nothing moves until the resume.
+    use fencelock_api::v1::scheduler_request::Action;
+    assert!(scheduler(&cluster, 1, Action::Pause).await);
     let addr4 = cluster
         .start_joining(4, |c| c.controller.balance = true)
         .await;
@@ -244,6 +310,17 @@ async fn an_added_node_fills_up_by_itself_and_the_cluster_settles() {
         })
         .await
         .expect("add node");
+    let dry = plan(&cluster, 2).await;
+    assert_eq!(dry.work, "balance", "{dry:?}");
+    assert!(!dry.steps.is_empty());
+    assert!(
+        dry.steps.iter().all(|s| s.ends_with("to node 4")),
+        "{:?}",
+        dry.steps
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(loads(&cluster).0[&4], 0, "a dry run moves nothing");
+    assert!(!scheduler(&cluster, 1, Action::Resume).await);
 
     // Replicas and leaderships move to node 4 with no `admin balance`.
     let deadline = Instant::now() + Duration::from_secs(90);

@@ -108,6 +108,16 @@ fn operator_reshapes_a_running_cluster_with_the_admin_cli() {
             "{action}: {said}"
         );
     }
+    // The dry run on a healthy cluster with the default thresholds.
+    let plan = admin(&endpoint, &["scheduler", "plan"]);
+    for field in [
+        "\"work\":\"nothing\"",
+        "\"unreachable\":\"-\"",
+        "\"down\":\"-\"",
+        "\"steps\":[]",
+    ] {
+        assert!(plan.contains(field), "{field} in {plan}");
+    }
 
     // Issue 24: with three nodes and three replicas per shard a drain has
     // nowhere to go. It is refused and changes nothing: the node stays UP
