@@ -62,12 +62,18 @@ struct NodeProc {
 pub type Failpoints = Option<String>;
 
 pub struct Cluster {
+    /// The members started so far (by [`Cluster::start`] or
+    /// [`Cluster::join`]).
     pub ids: Vec<u64>,
     pub shard_count: u32,
     bin: PathBuf,
     dir: PathBuf,
     net: Network,
     procs: BTreeMap<u64, NodeProc>,
+    /// Appended to every node's config (e.g. a `[controller]` section).
+    extra_config: String,
+    /// Nodes that joined a running cluster (`join = true`).
+    joined: Vec<u64>,
 }
 
 /// Makes the child die (SIGKILL) when the harness dies, even by SIGKILL
@@ -107,8 +113,23 @@ impl Cluster {
         nodes: u64,
         shard_count: u32,
     ) -> Result<Cluster, ClusterError> {
+        Cluster::start_with(bin, dir, nodes, 0, shard_count, String::new())
+    }
+
+    /// Like [`Cluster::start`], with `spares` more namespaces for nodes to
+    /// [`Cluster::join`] later (ids `nodes + 1..`), and `extra_config`
+    /// appended to every node's config.
+    pub fn start_with(
+        bin: &Path,
+        dir: &Path,
+        nodes: u64,
+        spares: u64,
+        shard_count: u32,
+        extra_config: String,
+    ) -> Result<Cluster, ClusterError> {
         let ids: Vec<u64> = (1..=nodes).collect();
-        let net = Network::create(&ids)?;
+        let all: Vec<u64> = (1..=nodes + spares).collect();
+        let net = Network::create(&all)?;
         let mut cluster = Cluster {
             ids: ids.clone(),
             shard_count,
@@ -116,17 +137,57 @@ impl Cluster {
             dir: dir.to_owned(),
             net,
             procs: BTreeMap::new(),
+            extra_config,
+            joined: Vec::new(),
         };
         for &id in &ids {
-            let path = cluster.config_path(id);
-            std::fs::write(&path, cluster.config_text(id)).map_err(|source| ClusterError::Io {
-                id,
-                what: "write config",
-                source,
-            })?;
+            cluster.write_config(id)?;
             cluster.spawn(id, None)?;
         }
         Ok(cluster)
+    }
+
+    fn write_config(&self, id: u64) -> Result<(), ClusterError> {
+        std::fs::write(self.config_path(id), self.config_text(id)).map_err(|source| {
+            ClusterError::Io {
+                id,
+                what: "write config",
+                source,
+            }
+        })
+    }
+
+    /// Starts node `id` (a spare namespace) empty with `join = true` and
+    /// adds it to the placement map, as docs/operations.md "Add a node"
+    /// does. It holds nothing until replicas are moved to it.
+    pub async fn join(&mut self, id: u64) -> Result<(), ClusterError> {
+        if self.ids.contains(&id) {
+            return Err(ClusterError::Admin(format!(
+                "node {id} is a member already"
+            )));
+        }
+        self.ids.push(id);
+        self.joined.push(id);
+        self.write_config(id)?;
+        self.spawn(id, None)?;
+        let request = fencelock_api::v1::AddNodeRequest {
+            address: self.addr(id),
+            node_id: id,
+        };
+        let mut last = String::from("no running member");
+        for attempt in 0..10u64 {
+            for member in self.running(attempt) {
+                if member == id {
+                    continue;
+                }
+                match self.admin_client(member).add_node(request.clone()).await {
+                    Ok(_) => return Ok(()),
+                    Err(status) => last = format!("node {member}: {}", status.message()),
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        Err(ClusterError::Admin(format!("adding node {id}: {last}")))
     }
 
     fn config_path(&self, id: u64) -> PathBuf {
@@ -139,16 +200,22 @@ impl Cluster {
             .iter()
             .map(|p| format!("{{ id = {p}, addr = \"{}\" }}", self.addr(*p)))
             .collect();
+        let join = if self.joined.contains(&id) {
+            "join = true\n"
+        } else {
+            ""
+        };
         format!(
-            "node_id = {id}\nlisten_addr = \"{}\"\ndata_dir = \"{}\"\nshard_count = {}\npeers = [{}]\n\n\
+            "node_id = {id}\nlisten_addr = \"{}\"\ndata_dir = \"{}\"\nshard_count = {}\n{join}peers = [{}]\n\n\
              [raft]\ntick_interval_ms = {TICK_INTERVAL_MS}\nelection_ticks = {ELECTION_TICKS}\n\
              proposal_timeout_ms = {PROPOSAL_TIMEOUT_MS}\n\n\
              # Fault-injection runs on one host: no TLS (docs/security.md).\n\
-             [tls]\ninsecure = true\n",
+             [tls]\ninsecure = true\n{}",
             self.addr(id),
             self.dir.join(format!("data{id}")).display(),
             self.shard_count,
-            peers.join(", ")
+            peers.join(", "),
+            self.extra_config,
         )
     }
 

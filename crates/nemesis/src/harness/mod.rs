@@ -15,8 +15,11 @@
 //!   nemesis pauses past its TTL).
 //! * [`nemesis`] — executes a [`crate::schedule`].
 //! * [`run`] — one whole run: set up, load, faults, heal, check, report.
+//! * [`controller`] — the placement controller repairing and balancing by
+//!   itself under the same load and checks.
 
 pub mod cluster;
+pub mod controller;
 pub mod fence_server;
 pub mod grudge;
 pub mod holder;

@@ -130,19 +130,7 @@ fn io(what: &'static str) -> impl FnOnce(std::io::Error) -> RunError {
 }
 
 pub async fn run(cfg: &RunConfig) -> Result<RunResult, RunError> {
-    let (dir, temporary) = match &cfg.out_dir {
-        Some(d) => {
-            std::fs::create_dir_all(d).map_err(io("create the output directory"))?;
-            (d.clone(), false)
-        }
-        None => {
-            let tmp = tempfile::Builder::new()
-                .prefix("fencelock-nemesis-")
-                .tempdir()
-                .map_err(io("create a temporary directory"))?;
-            (tmp.keep(), true)
-        }
-    };
+    let (dir, temporary) = out_dir(cfg)?;
     eprintln!(
         "nemesis: seed {} for {} s, output in {}",
         cfg.seed,
@@ -156,62 +144,14 @@ pub async fn run(cfg: &RunConfig) -> Result<RunResult, RunError> {
         cfg.holder_ttl_ms,
     );
     let mut cluster = Cluster::start(&cfg.fencelock_bin, &dir, cfg.nodes, cfg.shard_count)?;
-    cluster
-        .wait_ready(Duration::from_millis(STARTUP_TIMEOUT_MS))
-        .await?;
-    let endpoints = cluster.endpoints();
-    let fence = Arc::new(FencedResource::new(cfg.fence_mode));
-    let fence_addr = fence_server::serve(fence)
-        .await
-        .map_err(io("serve the fenced resource"))?;
-    let recorder = Recorder::new();
-    let stop = Arc::new(AtomicBool::new(false));
-    let ctx = Ctx {
-        endpoints: endpoints.clone(),
-        fence_addr: fence_addr.clone(),
-        recorder: recorder.clone(),
-        stop: stop.clone(),
-    };
-    let resources: Vec<String> = (0..cfg.resources).map(|i| format!("chaos/r-{i}")).collect();
-    let fifo_resource = "chaos/fifo".to_string();
-    let mut tasks = Vec::new();
-    for p in 1..=cfg.clients {
-        tasks.push(tokio::spawn(workload::lock_client(
-            ctx.clone(),
-            p,
-            resources.clone(),
-            cfg.seed,
-        )));
-    }
-    tasks.push(tokio::spawn(workload::fifo_prober(
-        ctx.clone(),
-        FIFO_FIRST_PROCESS,
-        fifo_resource.clone(),
-    )));
-    let mut holders = Vec::new();
-    for k in 0..cfg.holders {
-        holders.push(
-            HolderProc::spawn(
-                &cfg.nemesis_bin,
-                HOLDER_FIRST_PROCESS + k,
-                &format!("chaos/held-{k}"),
-                &endpoints,
-                &fence_addr,
-                cfg.holder_ttl_ms,
-                recorder.clone(),
-            )
-            .map_err(io("start a client process"))?,
-        );
-    }
-    let holder_resources: Vec<String> = holders.iter().map(|h| h.resource.clone()).collect();
-
+    let mut load = Load::start(cfg, &cluster).await?;
     let crashes = {
         let mut nemesis = Nemesis::new(
             &mut cluster,
-            &mut holders,
-            recorder.clone(),
-            fence_addr.clone(),
-            resources.clone(),
+            &mut load.holders,
+            load.recorder.clone(),
+            load.fence_addr.clone(),
+            load.resources.clone(),
         );
         for (i, step) in steps.iter().enumerate() {
             let kinds: Vec<&str> = step.kinds.iter().map(|k| k.name()).collect();
@@ -234,48 +174,159 @@ pub async fn run(cfg: &RunConfig) -> Result<RunResult, RunError> {
         tokio::time::sleep(Duration::from_millis(SETTLE_MS)).await;
         nemesis.crashes.clone()
     };
+    load.finish(cfg, cluster, dir, temporary, crashes).await
+}
 
-    stop.store(true, Ordering::Relaxed);
-    let grace = tokio::time::Instant::now() + Duration::from_millis(STOP_GRACE_MS);
-    for task in tasks {
-        let abort = task.abort_handle();
-        if tokio::time::timeout_at(grace, task).await.is_err() {
-            abort.abort();
+/// The run's output directory, and whether it is a temporary one.
+pub(crate) fn out_dir(cfg: &RunConfig) -> Result<(PathBuf, bool), RunError> {
+    match &cfg.out_dir {
+        Some(d) => {
+            std::fs::create_dir_all(d).map_err(io("create the output directory"))?;
+            Ok((d.clone(), false))
+        }
+        None => {
+            let tmp = tempfile::Builder::new()
+                .prefix("fencelock-nemesis-")
+                .tempdir()
+                .map_err(io("create a temporary directory"))?;
+            Ok((tmp.keep(), true))
         }
     }
-    for h in holders {
-        h.stop().await;
-    }
-    let mut reader = LockClient::new(FINAL_READER_PROCESS, &endpoints, recorder.clone());
-    let mut fence_reader = FenceClient::new(FINAL_READER_PROCESS, fence_addr, recorder.clone());
-    let all: Vec<&String> = resources
-        .iter()
-        .chain(&holder_resources)
-        .chain(std::iter::once(&fifo_resource))
-        .collect();
-    for r in all {
-        reader.get(r).await;
-        fence_reader.read(r).await;
+}
+
+/// The recorded load on a running cluster: the lock clients, the FIFO
+/// prober and the holder processes, with the fenced resource they write to.
+pub(crate) struct Load {
+    pub holders: Vec<HolderProc>,
+    pub recorder: Recorder,
+    pub fence_addr: String,
+    pub resources: Vec<String>,
+    pub endpoints: Vec<String>,
+    fifo_resource: String,
+    stop: Arc<AtomicBool>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Load {
+    /// Waits for every shard's first leader, then starts the load.
+    pub async fn start(cfg: &RunConfig, cluster: &Cluster) -> Result<Load, RunError> {
+        cluster
+            .wait_ready(Duration::from_millis(STARTUP_TIMEOUT_MS))
+            .await?;
+        let endpoints = cluster.endpoints();
+        let fence = Arc::new(FencedResource::new(cfg.fence_mode));
+        let fence_addr = fence_server::serve(fence)
+            .await
+            .map_err(io("serve the fenced resource"))?;
+        let recorder = Recorder::new();
+        let stop = Arc::new(AtomicBool::new(false));
+        let ctx = Ctx {
+            endpoints: endpoints.clone(),
+            fence_addr: fence_addr.clone(),
+            recorder: recorder.clone(),
+            stop: stop.clone(),
+        };
+        let resources: Vec<String> = (0..cfg.resources).map(|i| format!("chaos/r-{i}")).collect();
+        let fifo_resource = "chaos/fifo".to_string();
+        let mut tasks = Vec::new();
+        for p in 1..=cfg.clients {
+            tasks.push(tokio::spawn(workload::lock_client(
+                ctx.clone(),
+                p,
+                resources.clone(),
+                cfg.seed,
+            )));
+        }
+        tasks.push(tokio::spawn(workload::fifo_prober(
+            ctx.clone(),
+            FIFO_FIRST_PROCESS,
+            fifo_resource.clone(),
+        )));
+        let mut holders = Vec::new();
+        for k in 0..cfg.holders {
+            holders.push(
+                HolderProc::spawn(
+                    &cfg.nemesis_bin,
+                    HOLDER_FIRST_PROCESS + k,
+                    &format!("chaos/held-{k}"),
+                    &endpoints,
+                    &fence_addr,
+                    cfg.holder_ttl_ms,
+                    recorder.clone(),
+                )
+                .map_err(io("start a client process"))?,
+            );
+        }
+        Ok(Load {
+            holders,
+            recorder,
+            fence_addr,
+            resources,
+            endpoints,
+            fifo_resource,
+            stop,
+            tasks,
+        })
     }
 
-    let events = recorder.events();
-    let history_path = dir.join("history.jsonl");
-    let file = std::fs::File::create(&history_path).map_err(io("create history.jsonl"))?;
-    write_jsonl(std::io::BufWriter::new(file), &events).map_err(io("write history.jsonl"))?;
-    let history = History::from_events(&events)?;
-    let report = Report::new(&history, check_all(&history, &cfg.check));
-    let result = RunResult {
-        report,
-        history,
-        crashes,
-        dir: dir.clone(),
-        history_path,
-    };
-    drop(cluster);
-    if result.passed() && temporary {
-        let _ = std::fs::remove_dir_all(&dir);
+    /// Stops the load, reads every resource once more, writes the history
+    /// and checks it. The cluster stops here; a passing run's temporary
+    /// directory is deleted.
+    pub async fn finish(
+        self,
+        cfg: &RunConfig,
+        cluster: Cluster,
+        dir: PathBuf,
+        temporary: bool,
+        crashes: Vec<(u64, String)>,
+    ) -> Result<RunResult, RunError> {
+        self.stop.store(true, Ordering::Relaxed);
+        let grace = tokio::time::Instant::now() + Duration::from_millis(STOP_GRACE_MS);
+        for task in self.tasks {
+            let abort = task.abort_handle();
+            if tokio::time::timeout_at(grace, task).await.is_err() {
+                abort.abort();
+            }
+        }
+        let holder_resources: Vec<String> =
+            self.holders.iter().map(|h| h.resource.clone()).collect();
+        for h in self.holders {
+            h.stop().await;
+        }
+        let recorder = self.recorder;
+        let mut reader = LockClient::new(FINAL_READER_PROCESS, &self.endpoints, recorder.clone());
+        let mut fence_reader =
+            FenceClient::new(FINAL_READER_PROCESS, self.fence_addr, recorder.clone());
+        let all: Vec<&String> = self
+            .resources
+            .iter()
+            .chain(&holder_resources)
+            .chain(std::iter::once(&self.fifo_resource))
+            .collect();
+        for r in all {
+            reader.get(r).await;
+            fence_reader.read(r).await;
+        }
+
+        let events = recorder.events();
+        let history_path = dir.join("history.jsonl");
+        let file = std::fs::File::create(&history_path).map_err(io("create history.jsonl"))?;
+        write_jsonl(std::io::BufWriter::new(file), &events).map_err(io("write history.jsonl"))?;
+        let history = History::from_events(&events)?;
+        let report = Report::new(&history, check_all(&history, &cfg.check));
+        let result = RunResult {
+            report,
+            history,
+            crashes,
+            dir: dir.clone(),
+            history_path,
+        };
+        drop(cluster);
+        if result.passed() && temporary {
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+        Ok(result)
     }
-    Ok(result)
 }
 
 /// Prints the report, and on failure where to look and how to replay.
