@@ -5,31 +5,37 @@
 //! of what it saw) at most one kind of work, and carries it out with the
 //! same idempotent steps the `admin` commands use:
 //!
-//! 1. **Repair** (`repair`): while any member that may hold replicas does
-//!    not answer, nothing but repair happens. A node unreachable for
-//!    `node_down_after_ms` (see [`DownTracker`]) has its replicas replaced
-//!    ([`plan_repair`]: learner, catch up, promote, then remove; a shard
-//!    without a reachable majority is never touched).
-//! 2. **Split by load** (`split_above_locks`, 0 = off): with everyone
-//!    answering and no migration open, the busiest data shard holding that
-//!    many locks is split ([`plan_split`]; the reshard protocol, so tokens
-//!    keep rising for every moved resource).
-//! 3. **Balance** (`balance`): otherwise replicas and leaderships even out
-//!    with hysteresis ([`plan_rebalance`]), so the cluster settles instead
-//!    of chasing every election.
+//! 1. **Mark down** (`repair`): a node unreachable for
+//!    `node_down_after_ms` (see [`DownTracker`]) is marked `Down` in the
+//!    map — the verdict a new meta leader resumes from.
+//! 2. **Return**: a `Down` node that answers and holds nothing is `Up`
+//!    again, an empty node.
+//! 3. **Repair**: replicas on `Down` nodes are replaced ([`plan_repair`]:
+//!    learner, catch up, promote, then remove; a shard without a reachable
+//!    majority is never touched). While any other member holding replicas
+//!    does not answer, nothing else happens.
+//! 4. **Split by load** (`split_above_locks`, 0 = off): with no migration
+//!    open, the busiest data shard holding that many locks is split
+//!    ([`plan_split`]; the reshard protocol, so tokens keep rising for
+//!    every moved resource).
+//! 5. **Balance** (`balance`): replicas and leaderships even out by count
+//!    with hysteresis ([`plan_rebalance`]), then leaderships by the
+//!    shards' measured write rates and lock counts ([`plan_load_leaders`],
+//!    rates from [`RateTracker`]), so the cluster settles instead of
+//!    chasing every election.
 //!
 //! Nothing happens while the map says the scheduler is paused
 //! (`fencelock admin scheduler pause`). What a leader remembers between
-//! rounds is only since when each node has been unreachable: a new meta
-//! leader starts that clock again (acting later, never sooner) and plans
-//! from the replicated map, so a move cut short by a leader change is
-//! finished or redone by the next round.
+//! rounds ([`Memory`]) is since when each node has been unreachable and
+//! the shards' write rates: a new meta leader starts both again (marking
+//! later, never sooner) and plans from the replicated map, so a move cut
+//! short by a leader change is finished or redone by the next round.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use fencelock_placement::{
-    plan_rebalance, plan_repair, plan_split, Action, ClusterView, NodeState, PlacementCommand,
-    ShardLoad, META_SHARD_ID,
+    plan_load_leaders, plan_rebalance, plan_repair, plan_split, Action, ClusterView, NodeState,
+    PlacementCommand, ShardLoad, META_SHARD_ID,
 };
 
 use crate::error::ControllerError;
@@ -37,6 +43,7 @@ use fencelock_api::internal::NodeStatus;
 
 use crate::nodes::NodeApi;
 use crate::ops::{view_of, Ops};
+use crate::rates::RateTracker;
 use crate::repair::DownTracker;
 
 /// Default time a node must stay unreachable before its replicas are
@@ -80,6 +87,22 @@ impl Default for ActConfig {
             split_above_locks: 0,
             max_moves: DEFAULT_MAX_MOVES_PER_ROUND,
         }
+    }
+}
+
+/// What the controller remembers between rounds, and nothing else: since
+/// when each node has been unreachable, and the shards' write rates. A new
+/// meta leader starts from an empty one.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Memory {
+    pub down: DownTracker,
+    pub rates: RateTracker,
+}
+
+impl Memory {
+    pub fn forget(&mut self) {
+        self.down.forget();
+        self.rates.forget();
     }
 }
 
@@ -163,9 +186,11 @@ pub fn reason(config: &ActConfig, work: &Work) -> String {
             config.split_above_locks
         ),
         Work::Balance(_) => format!(
-            "replica counts {} or more apart, or leaderships controller.balance_leader_spread ({}) or more",
+            "replica counts {} or more apart, leaderships controller.balance_leader_spread ({}) or more, \
+             or one node leading {}% or more of load (writes a second) that another replica could take",
             fencelock_placement::REBALANCE_REPLICA_SPREAD,
-            config.leader_spread
+            config.leader_spread,
+            fencelock_placement::LOAD_MOVE_GAIN_PERCENT,
         ),
     }
 }
@@ -286,7 +311,12 @@ pub fn decide(
         }
     }
     if config.balance {
+        // Counts first; then the leaders' load, within the counts' bounds.
         let plan = plan_rebalance(view, max_moves, config.leader_spread);
+        if !plan.is_empty() {
+            return Work::Balance(plan);
+        }
+        let plan = plan_load_leaders(view, loads, max_moves, config.leader_spread);
         if !plan.is_empty() {
             return Work::Balance(plan);
         }
@@ -294,8 +324,12 @@ pub fn decide(
     Work::Nothing
 }
 
-/// The data shards' loads as their leaders report them.
-fn loads_of(statuses: &BTreeMap<u64, NodeStatus>) -> BTreeMap<u64, ShardLoad> {
+/// The data shards' loads as their leaders report them, with the write
+/// rates measured so far.
+fn loads_of(
+    statuses: &BTreeMap<u64, NodeStatus>,
+    rates: &BTreeMap<u64, u64>,
+) -> BTreeMap<u64, ShardLoad> {
     let mut loads = BTreeMap::new();
     for status in statuses.values() {
         for r in status.replicas.iter() {
@@ -303,6 +337,7 @@ fn loads_of(statuses: &BTreeMap<u64, NodeStatus>) -> BTreeMap<u64, ShardLoad> {
                 let load = ShardLoad {
                     held_locks: r.held_locks,
                     owned_slots: r.owned_slots,
+                    writes_per_sec: rates.get(&r.shard_id).copied().unwrap_or(0),
                 };
                 loads.insert(r.shard_id, load);
             }
@@ -311,14 +346,24 @@ fn loads_of(statuses: &BTreeMap<u64, NodeStatus>) -> BTreeMap<u64, ShardLoad> {
     loads
 }
 
+/// Each data shard's applied index, from its leader.
+fn applied_of(statuses: &BTreeMap<u64, NodeStatus>) -> BTreeMap<u64, u64> {
+    statuses
+        .values()
+        .flat_map(|s| s.replicas.iter())
+        .filter(|r| r.is_leader && r.shard_id != META_SHARD_ID)
+        .map(|r| (r.shard_id, r.applied_index))
+        .collect()
+}
+
 impl<N: NodeApi> Ops<N> {
     /// One round at `now_ms` (a monotonic clock's reading): observe once,
-    /// update `tracker`, [`decide`], carry the work out step by step. A
+    /// update `memory`, [`decide`], carry the work out step by step. A
     /// failed step ends the round with the error (and what got done); the
     /// next round decides again from the map.
     pub async fn act_round(
         &self,
-        tracker: &mut DownTracker,
+        memory: &mut Memory,
         now_ms: u64,
         config: &ActConfig,
     ) -> Result<Round, (Round, ControllerError)> {
@@ -330,20 +375,23 @@ impl<N: NodeApi> Ops<N> {
         if map.scheduler_paused() {
             // Observe nothing, so the clock starts again on resume: a node
             // is marked down no sooner than `node_down_after_ms` after it.
-            tracker.forget();
+            memory.forget();
             round.paused = true;
             return Ok(round);
         }
         let view = view_of(&map, &statuses);
         round.unreachable = unreachable_members(&view);
         let long_unreachable =
-            tracker.observe(now_ms, &round.unreachable, config.node_down_after_ms);
+            memory
+                .down
+                .observe(now_ms, &round.unreachable, config.node_down_after_ms);
         round.down = counted_down(&view, &long_unreachable);
+        let rates = memory.rates.observe(now_ms, &applied_of(&statuses));
         round.work = decide(
             config,
             &view,
             &long_unreachable,
-            &loads_of(&statuses),
+            &loads_of(&statuses, &rates),
             map.migration().is_some(),
         );
         let work = round.work.clone();
@@ -388,7 +436,8 @@ impl<N: NodeApi> Ops<N> {
     /// do now, carried out by no one. How long a node has been unreachable
     /// is known only to the meta leader's controller, so here only nodes
     /// the map marks `Down` count as down; the members unreachable right
-    /// now come back in [`Round::unreachable`].
+    /// now come back in [`Round::unreachable`]. Write rates, too, are
+    /// measured across rounds: the dry run weighs held locks only.
     pub async fn plan_round(&self, config: &ActConfig) -> Result<Round, ControllerError> {
         let (map, statuses) = self.observe().await?;
         let view = view_of(&map, &statuses);
@@ -402,7 +451,7 @@ impl<N: NodeApi> Ops<N> {
             config,
             &view,
             &BTreeSet::new(),
-            &loads_of(&statuses),
+            &loads_of(&statuses, &BTreeMap::new()),
             map.migration().is_some(),
         );
         Ok(round)
@@ -448,6 +497,7 @@ mod tests {
         let load = ShardLoad {
             held_locks: 500,
             owned_slots: 256,
+            writes_per_sec: 0,
         };
         [(1, load)].into()
     }

@@ -15,8 +15,9 @@
 //! * [`act`] — acting by itself: one round a second on the meta leader
 //!   observes once and repairs (replicas of nodes down for
 //!   `node_down_after_ms`), splits by lock count, or balances, with the
-//!   same steps as the operator actions; [`repair`] holds its one memory,
-//!   since when each node has been unreachable.
+//!   same steps as the operator actions; [`repair`] and [`rates`] hold
+//!   its memory: since when each node has been unreachable, and each
+//!   shard's write rate.
 //! * [`handoff`] — a stopping node hands its leaderships to serving voters.
 //! * [`nodes`] — the I/O seam: the node-local calls the above are made of.
 //! * [`error`] — [`ControllerError`], with its wire reason and retry advice.
@@ -26,6 +27,7 @@ pub mod error;
 pub mod handoff;
 pub mod nodes;
 pub mod ops;
+pub mod rates;
 pub mod repair;
 pub mod reshard;
 

@@ -196,6 +196,105 @@ pub struct ShardLoad {
     pub held_locks: u64,
     /// Slots the shard owns.
     pub owned_slots: u32,
+    /// Raft entries the shard applied per second lately (acquires,
+    /// releases, renewals, expiries): the work its leader does.
+    pub writes_per_sec: u64,
+}
+
+/// Held locks that weigh as much as one write a second: a held lock costs
+/// its leader memory and an expiry check, far less than a request.
+pub const HELD_LOCKS_PER_WRITE: u64 = 100;
+/// A node leading less than this weight (writes a second) is never
+/// relieved by a load move: below it the counts are what matter.
+pub const MIN_LOAD_TO_MOVE: u64 = 50;
+/// A load move must lower the busiest node's weight by at least this
+/// share (percent), so small swings in measured rates move nothing.
+pub const LOAD_MOVE_GAIN_PERCENT: u64 = 25;
+
+impl ShardLoad {
+    /// The weight [`plan_load_leaders`] balances.
+    pub fn weight(&self) -> u64 {
+        self.writes_per_sec
+            .saturating_add(self.held_locks / HELD_LOCKS_PER_WRITE)
+    }
+}
+
+/// Leadership transfers that even out the leaders' weights ([`ShardLoad::
+/// weight`], summed over the shards each accepting node leads), at most
+/// `max_moves`: from the heaviest node, the transfer to one of the shard's
+/// accepting replicas that lowers the heaviest weight the most, only if it
+/// lowers it by [`LOAD_MOVE_GAIN_PERCENT`] and the heaviest node carries
+/// at least [`MIN_LOAD_TO_MOVE`] — and never one that puts leadership
+/// counts `leader_spread` or more apart, so [`plan_rebalance`] does not
+/// undo it. Each transfer lowers the sum of squared weights, so planning
+/// again on the result ends. Shards without a known load weigh nothing.
+/// An invalid view gets an empty plan.
+pub fn plan_load_leaders(
+    view: &ClusterView,
+    loads: &BTreeMap<u64, ShardLoad>,
+    max_moves: usize,
+    leader_spread: usize,
+) -> Vec<Action> {
+    if view.validate().is_err() {
+        return Vec::new();
+    }
+    let weight = |shard_id: u64| loads.get(&shard_id).map_or(0, ShardLoad::weight);
+    let mut work = view.clone();
+    let mut plan = Vec::new();
+    while plan.len() < max_moves.min(MAX_ACTIONS_PER_PLAN) {
+        let counts = work.leader_counts();
+        let mut weights: BTreeMap<u64, u64> = counts.keys().map(|&n| (n, 0)).collect();
+        for (&id, shard) in &work.shards {
+            if let Some(w) = shard.leader.and_then(|l| weights.get_mut(&l)) {
+                *w = w.saturating_add(weight(id));
+            }
+        }
+        let Some((&hi, &hi_weight)) = weights.iter().max_by_key(|(&n, &w)| (w, Reverse(n))) else {
+            break;
+        };
+        if hi_weight < MIN_LOAD_TO_MOVE {
+            break;
+        }
+        let mut best: Option<(u64, Reverse<u64>, Reverse<u64>)> = None;
+        for (&id, shard) in &work.shards {
+            let w = weight(id);
+            if shard.leader != Some(hi) || w == 0 {
+                continue;
+            }
+            for &to in shard.replicas.iter().filter(|&&n| n != hi) {
+                let Some(&to_weight) = weights.get(&to) else {
+                    continue;
+                };
+                let peak = (hi_weight - w).max(to_weight.saturating_add(w));
+                let gain = hi_weight.saturating_sub(peak);
+                let mut after = counts.clone();
+                after.insert(hi, counts[&hi] - 1);
+                after.insert(to, counts[&to] + 1);
+                let max = after.values().max().copied().unwrap_or(0);
+                let min = after.values().min().copied().unwrap_or(0);
+                if gain * 100 < hi_weight * LOAD_MOVE_GAIN_PERCENT
+                    || max - min >= leader_spread.max(2)
+                {
+                    continue;
+                }
+                let candidate = (gain, Reverse(id), Reverse(to));
+                if best.is_none_or(|b| candidate > b) {
+                    best = Some(candidate);
+                }
+            }
+        }
+        let Some((_, Reverse(shard_id), Reverse(to))) = best else {
+            break;
+        };
+        if !push(
+            &mut work,
+            &mut plan,
+            Action::TransferLeader { shard_id, to },
+        ) {
+            break;
+        }
+    }
+    plan
 }
 
 /// The data shard to split by load, if any: among the shards holding at

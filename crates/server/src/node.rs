@@ -199,7 +199,7 @@ async fn act_on_placement(
 ) {
     use fencelock_controller::act::{reason, Work};
     let started = std::time::Instant::now();
-    let mut tracker = fencelock_controller::repair::DownTracker::default();
+    let mut memory = fencelock_controller::act::Memory::default();
     let mut interval = tokio::time::interval(CONTROL_INTERVAL);
     interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -209,12 +209,12 @@ async fn act_on_placement(
                 .any(|r| r.shard_id == fencelock_placement::META_SHARD_ID && r.is_leader)
         });
         if !leads_meta {
-            tracker.forget();
+            memory.forget();
             metrics.nodes_down.set(0);
             continue;
         }
         let now_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
-        let (round, failure) = match ops.act_round(&mut tracker, now_ms, &config).await {
+        let (round, failure) = match ops.act_round(&mut memory, now_ms, &config).await {
             Ok(round) => (round, None),
             Err((round, e)) => (round, Some(e)),
         };

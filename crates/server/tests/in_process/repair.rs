@@ -413,3 +413,106 @@ async fn a_shard_over_the_lock_threshold_splits_by_itself_and_tokens_keep_rising
         .shards;
     assert_eq!(shards.len(), 3, "meta + two data shards: {shards:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_node_leading_two_busy_shards_hands_one_off_by_itself() {
+    let cluster = Cluster::start(3, |c| {
+        c.shard_count = 6;
+        c.controller.balance = true;
+    })
+    .await;
+    // Once leaderships have settled (the count balance is done) and stayed
+    // so for longer than a rate window without load, two data shards led
+    // by one node (six over three nodes: some node leads two).
+    cluster.wait_for_leaders(Duration::from_secs(20)).await;
+    let leaders_now = || (0..=6u64).map(|s| cluster.leader_of(s)).collect::<Vec<_>>();
+    let mut last = leaders_now();
+    let mut stable_since = Instant::now();
+    let window = Duration::from_millis(fencelock_controller::rates::RATE_WINDOW_MS);
+    while stable_since.elapsed() < window + Duration::from_secs(2) {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let now = leaders_now();
+        if now != last || now.contains(&None) {
+            last = now;
+            stable_since = Instant::now();
+        }
+    }
+    let mut led: BTreeMap<u64, Vec<u64>> = BTreeMap::new();
+    for shard in 1..=6u64 {
+        if let Some(leader) = cluster.leader_of(shard) {
+            led.entry(leader).or_default().push(shard);
+        }
+    }
+    let (&busy, shards) = led
+        .iter()
+        .find(|(_, s)| s.len() >= 2)
+        .expect("a node leading two data shards");
+    let hot = [shards[0], shards[1]];
+    // Resource names in each hot shard, found by asking.
+    let mut names: BTreeMap<u64, Vec<String>> = BTreeMap::new();
+    for i in 0.. {
+        if hot
+            .iter()
+            .all(|s| names.get(s).is_some_and(|n| n.len() >= 4))
+        {
+            break;
+        }
+        let resource = format!("acme/busy-{i}");
+        let grant = acquire(
+            &cluster,
+            1,
+            acquire_req(&resource, &format!("find-{i}"), 5_000, 0),
+        )
+        .await
+        .expect("granted");
+        release(&cluster, 1, &resource, &grant.lease_id)
+            .await
+            .expect("released");
+        if hot.contains(&grant.shard_id) {
+            names.entry(grant.shard_id).or_default().push(resource);
+        }
+    }
+    // Acquire-release loops on both: the busy node leads all the writes.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut tasks = Vec::new();
+    for (k, resource) in names.values().flatten().cloned().enumerate() {
+        let mut client = cluster.client(1 + (k as u64 % 3)).await;
+        let stop = stop.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut n = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                n += 1;
+                let req = acquire_req(&resource, &format!("{resource}-{n}"), 5_000, 0);
+                if let Ok(grant) = client.acquire(req).await {
+                    let release = fencelock_api::v1::ReleaseRequest {
+                        resource: resource.clone(),
+                        lease_id: grant.into_inner().lease_id,
+                    };
+                    let _ = client.release(release).await;
+                }
+            }
+        }));
+    }
+    // The controller measures write rates over 5 s windows, then moves one
+    // of the two leaderships to another replica.
+    let deadline = Instant::now() + Duration::from_secs(45);
+    let moved = loop {
+        let leaders = hot.map(|s| cluster.leader_of(s));
+        if leaders.iter().any(|l| l.is_some_and(|l| l != busy)) {
+            break leaders;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "node {busy} still leads both {hot:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for t in tasks {
+        let _ = t.await;
+    }
+    assert!(
+        moved.contains(&Some(busy)),
+        "one hot shard moved, the other stayed: {moved:?}"
+    );
+}
