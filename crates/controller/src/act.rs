@@ -14,8 +14,9 @@
 //!    learner, catch up, promote, then remove; a shard without a reachable
 //!    majority is never touched). While any other member holding replicas
 //!    does not answer, nothing else happens.
-//! 4. **Split by load** (`split_above_locks`, 0 = off): with no migration
-//!    open, the busiest data shard holding that many locks is split
+//! 4. **Split by load** (`split_above_locks`, `split_above_writes_per_sec`,
+//!    0 = off): with no migration open, the data shard furthest over one
+//!    of them is split
 //!    ([`plan_split`]; the reshard protocol, so tokens keep rising for
 //!    every moved resource).
 //! 5. **Balance** (`balance`): replicas and leaderships even out by count
@@ -34,8 +35,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use fencelock_placement::{
-    plan_load_leaders, plan_rebalance, plan_repair, plan_split, Action, ClusterView, NodeState,
-    PlacementCommand, ShardLoad, META_SHARD_ID,
+    plan_load_leaders, plan_rebalance, plan_repair, plan_split, Action, ClusterView, LoadRule,
+    NodeState, PlacementCommand, ShardLoad, META_SHARD_ID,
 };
 
 use crate::error::ControllerError;
@@ -73,6 +74,12 @@ pub struct ActConfig {
     pub leader_spread: usize,
     /// Split a data shard holding this many locks (0: never).
     pub split_above_locks: u64,
+    /// Split a data shard writing this many entries a second (0: never).
+    pub split_above_writes_per_sec: u64,
+    /// Leaderships move by load only off a node leading this much weight.
+    pub load_min_weight: u64,
+    /// ... and only when that lowers its weight by this many percent.
+    pub load_gain_percent: u64,
     /// At most this many steps a round, 1..=[`MAX_MOVES_PER_ROUND`].
     pub max_moves: usize,
 }
@@ -85,6 +92,9 @@ impl Default for ActConfig {
             balance: false,
             leader_spread: DEFAULT_LEADER_SPREAD,
             split_above_locks: 0,
+            split_above_writes_per_sec: 0,
+            load_min_weight: fencelock_placement::DEFAULT_LOAD_MIN_WEIGHT,
+            load_gain_percent: fencelock_placement::DEFAULT_LOAD_GAIN_PERCENT,
             max_moves: DEFAULT_MAX_MOVES_PER_ROUND,
         }
     }
@@ -182,15 +192,16 @@ pub fn reason(config: &ActConfig, work: &Work) -> String {
         Work::Return(_) => "a DOWN node answers again and holds no replica".into(),
         Work::Repair(_) => "replicas on DOWN nodes are replaced".into(),
         Work::Split { .. } => format!(
-            "the busiest data shard holds controller.split_above_locks ({}) locks or more",
-            config.split_above_locks
+            "the busiest data shard holds controller.split_above_locks ({}) locks or more, \
+             or writes controller.split_above_writes_per_sec ({}) entries a second or more",
+            config.split_above_locks, config.split_above_writes_per_sec
         ),
         Work::Balance(_) => format!(
             "replica counts {} or more apart, leaderships controller.balance_leader_spread ({}) or more, \
-             or one node leading {}% or more of load (writes a second) that another replica could take",
+             or a leadership move lowering the heaviest node's load by controller.balance_load_gain_percent ({}%)",
             fencelock_placement::REBALANCE_REPLICA_SPREAD,
             config.leader_spread,
-            fencelock_placement::LOAD_MOVE_GAIN_PERCENT,
+            config.load_gain_percent,
         ),
     }
 }
@@ -306,7 +317,12 @@ pub fn decide(
         return Work::Nothing;
     }
     if !migration_open {
-        if let Some(shard_id) = plan_split(loads, config.split_above_locks, view.shards.len()) {
+        if let Some(shard_id) = plan_split(
+            loads,
+            config.split_above_locks,
+            config.split_above_writes_per_sec,
+            view.shards.len(),
+        ) {
             return Work::Split { shard_id };
         }
     }
@@ -316,7 +332,12 @@ pub fn decide(
         if !plan.is_empty() {
             return Work::Balance(plan);
         }
-        let plan = plan_load_leaders(view, loads, max_moves, config.leader_spread);
+        let rule = LoadRule {
+            leader_spread: config.leader_spread,
+            min_weight: config.load_min_weight,
+            gain_percent: config.load_gain_percent,
+        };
+        let plan = plan_load_leaders(view, loads, max_moves, &rule);
         if !plan.is_empty() {
             return Work::Balance(plan);
         }
@@ -595,6 +616,47 @@ mod tests {
             decide(&all_on(), &v, &BTreeSet::new(), &busy(), false),
             Work::Split { shard_id: 1 }
         );
+    }
+
+    #[test]
+    fn a_shard_writing_over_the_rate_threshold_splits_and_balance_follows_load() {
+        let v = view();
+        let rate = ActConfig {
+            split_above_writes_per_sec: 300,
+            ..ActConfig::default()
+        };
+        let writing = |writes_per_sec| ShardLoad {
+            owned_slots: 128,
+            writes_per_sec,
+            ..ShardLoad::default()
+        };
+        let loads: BTreeMap<u64, ShardLoad> = [(1, writing(100)), (2, writing(400))].into();
+        let none = BTreeSet::new();
+        assert_eq!(
+            decide(&rate, &v, &none, &loads, false),
+            Work::Split { shard_id: 2 }
+        );
+        // Three even nodes, node 1 leading two busy shards: with balance on
+        // and no split threshold, one leadership moves off node 1.
+        let mut even = view();
+        even.nodes.retain(|n, _| *n <= 3);
+        for (id, shard) in even.shards.iter_mut() {
+            shard.leader = Some(1 + (*id % 3));
+        }
+        let busy: BTreeMap<u64, ShardLoad> = [(0, writing(500)), (3, writing(500))].into();
+        let balance = ActConfig {
+            balance: true,
+            ..ActConfig::default()
+        };
+        let Work::Balance(plan) = decide(&balance, &even, &none, &busy, false) else {
+            panic!("node 1 leads both busy shards: a load move");
+        };
+        assert!(matches!(plan[..], [Action::TransferLeader { shard_id: 0 | 3, to }] if to != 1));
+        let strict = ActConfig {
+            load_min_weight: 2_000,
+            ..balance
+        };
+        assert_eq!(decide(&strict, &even, &none, &busy, false), Work::Nothing);
     }
 
     #[test]

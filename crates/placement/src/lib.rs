@@ -48,8 +48,8 @@ pub use error::PlacementError;
 pub use limits::*;
 pub use map::PlacementMap;
 pub use planner::{
-    plan_balance, plan_drain, plan_load_leaders, plan_rebalance, plan_repair, plan_split,
-    ShardLoad, HELD_LOCKS_PER_WRITE, LOAD_MOVE_GAIN_PERCENT, MIN_LOAD_TO_MOVE,
+    plan_balance, plan_drain, plan_load_leaders, plan_rebalance, plan_repair, plan_split, LoadRule,
+    ShardLoad, DEFAULT_LOAD_GAIN_PERCENT, DEFAULT_LOAD_MIN_WEIGHT, HELD_LOCKS_PER_WRITE,
     REBALANCE_REPLICA_SPREAD,
 };
 pub use types::*;

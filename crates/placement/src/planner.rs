@@ -204,12 +204,24 @@ pub struct ShardLoad {
 /// Held locks that weigh as much as one write a second: a held lock costs
 /// its leader memory and an expiry check, far less than a request.
 pub const HELD_LOCKS_PER_WRITE: u64 = 100;
-/// A node leading less than this weight (writes a second) is never
-/// relieved by a load move: below it the counts are what matter.
-pub const MIN_LOAD_TO_MOVE: u64 = 50;
-/// A load move must lower the busiest node's weight by at least this
-/// share (percent), so small swings in measured rates move nothing.
-pub const LOAD_MOVE_GAIN_PERCENT: u64 = 25;
+/// Default [`LoadRule::min_weight`].
+pub const DEFAULT_LOAD_MIN_WEIGHT: u64 = 50;
+/// Default [`LoadRule::gain_percent`].
+pub const DEFAULT_LOAD_GAIN_PERCENT: u64 = 25;
+
+/// When [`plan_load_leaders`] moves a leadership.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LoadRule {
+    /// No move puts leadership counts this far apart (at least 2), so
+    /// [`plan_rebalance`] does not undo it.
+    pub leader_spread: usize,
+    /// A node leading less weight than this (writes a second) is never
+    /// relieved: below it the counts are what matter.
+    pub min_weight: u64,
+    /// A move must lower the heaviest node's weight by at least this share
+    /// (percent, 1..=100), so small swings in measured rates move nothing.
+    pub gain_percent: u64,
+}
 
 impl ShardLoad {
     /// The weight [`plan_load_leaders`] balances.
@@ -223,21 +235,21 @@ impl ShardLoad {
 /// weight`], summed over the shards each accepting node leads), at most
 /// `max_moves`: from the heaviest node, the transfer to one of the shard's
 /// accepting replicas that lowers the heaviest weight the most, only if it
-/// lowers it by [`LOAD_MOVE_GAIN_PERCENT`] and the heaviest node carries
-/// at least [`MIN_LOAD_TO_MOVE`] — and never one that puts leadership
-/// counts `leader_spread` or more apart, so [`plan_rebalance`] does not
-/// undo it. Each transfer lowers the sum of squared weights, so planning
+/// lowers it by `rule.gain_percent` and the heaviest node carries at least
+/// `rule.min_weight` — and never one that puts leadership counts
+/// `rule.leader_spread` or more apart. Each transfer lowers the sum of squared weights, so planning
 /// again on the result ends. Shards without a known load weigh nothing.
 /// An invalid view gets an empty plan.
 pub fn plan_load_leaders(
     view: &ClusterView,
     loads: &BTreeMap<u64, ShardLoad>,
     max_moves: usize,
-    leader_spread: usize,
+    rule: &LoadRule,
 ) -> Vec<Action> {
     if view.validate().is_err() {
         return Vec::new();
     }
+    let gain_percent = rule.gain_percent.clamp(1, 100);
     let weight = |shard_id: u64| loads.get(&shard_id).map_or(0, ShardLoad::weight);
     let mut work = view.clone();
     let mut plan = Vec::new();
@@ -252,7 +264,7 @@ pub fn plan_load_leaders(
         let Some((&hi, &hi_weight)) = weights.iter().max_by_key(|(&n, &w)| (w, Reverse(n))) else {
             break;
         };
-        if hi_weight < MIN_LOAD_TO_MOVE {
+        if hi_weight < rule.min_weight.max(1) {
             break;
         }
         let mut best: Option<(u64, Reverse<u64>, Reverse<u64>)> = None;
@@ -272,8 +284,8 @@ pub fn plan_load_leaders(
                 after.insert(to, counts[&to] + 1);
                 let max = after.values().max().copied().unwrap_or(0);
                 let min = after.values().min().copied().unwrap_or(0);
-                if gain * 100 < hi_weight * LOAD_MOVE_GAIN_PERCENT
-                    || max - min >= leader_spread.max(2)
+                if gain.saturating_mul(100) < hi_weight.saturating_mul(gain_percent)
+                    || max - min >= rule.leader_spread.max(2)
                 {
                     continue;
                 }
@@ -297,30 +309,44 @@ pub fn plan_load_leaders(
     plan
 }
 
-/// The data shard to split by load, if any: among the shards holding at
-/// least `split_above_locks` locks (0: never) and owning two slots or more
-/// (a single slot cannot be split), the one holding the most, lowest id on
-/// ties. None while `shards_in_map` is at [`MAX_SHARDS`]. One split at a
+/// The data shard to split by load, if any: among the shards owning two
+/// slots or more (a single slot cannot be split) that hold at least
+/// `split_above_locks` locks or write at least `split_above_writes_per_sec`
+/// (each 0: not that way), the one furthest over its threshold (the
+/// larger of its two ratios), lowest id on ties. None while `shards_in_map` is at [`MAX_SHARDS`]. One split at a
 /// time: the caller does not ask while a migration is open. Splitting
 /// halves a shard's slots, so the halves of a shard whose locks spread
 /// over its slots fall below the threshold; one whose locks sit in a
-/// single slot stops splitting once that slot is alone.
+/// single slot stops splitting once that slot is alone (and so does one
+/// whose writes all go to one resource).
 pub fn plan_split(
     loads: &BTreeMap<u64, ShardLoad>,
     split_above_locks: u64,
+    split_above_writes_per_sec: u64,
     shards_in_map: usize,
 ) -> Option<u64> {
-    if split_above_locks == 0 || shards_in_map >= crate::limits::MAX_SHARDS {
+    if (split_above_locks == 0 && split_above_writes_per_sec == 0)
+        || shards_in_map >= crate::limits::MAX_SHARDS
+    {
         return None;
     }
+    // How far over a threshold, in thousandths (0: not over it).
+    let over = |value: u64, threshold: u64| {
+        if threshold == 0 || value < threshold {
+            0
+        } else {
+            value.saturating_mul(1_000) / threshold
+        }
+    };
     loads
         .iter()
-        .filter(|(&id, load)| {
-            id != crate::limits::META_SHARD_ID
-                && load.held_locks >= split_above_locks
-                && load.owned_slots >= 2
+        .filter(|(&id, load)| id != crate::limits::META_SHARD_ID && load.owned_slots >= 2)
+        .map(|(&id, load)| {
+            let ratio = over(load.held_locks, split_above_locks)
+                .max(over(load.writes_per_sec, split_above_writes_per_sec));
+            (Reverse(ratio), id)
         })
-        .map(|(&id, load)| (Reverse(load.held_locks), id))
+        .filter(|(Reverse(ratio), _)| *ratio > 0)
         .min()
         .map(|(_, id)| id)
 }

@@ -670,6 +670,14 @@ fn leader_weights(view: &ClusterView, loads: &BTreeMap<u64, ShardLoad>) -> BTree
     out
 }
 
+fn rule(leader_spread: usize) -> LoadRule {
+    LoadRule {
+        leader_spread,
+        min_weight: DEFAULT_LOAD_MIN_WEIGHT,
+        gain_percent: DEFAULT_LOAD_GAIN_PERCENT,
+    }
+}
+
 /// Three nodes, six shards on all three, two led by each: even counts.
 fn even_counts_view() -> ClusterView {
     ClusterView {
@@ -689,13 +697,35 @@ fn even_counts_view() -> ClusterView {
 }
 
 #[test]
+fn a_shard_writing_over_the_rate_threshold_is_split_the_furthest_over_first() {
+    let mut loads: BTreeMap<u64, ShardLoad> = (1..=4).map(|id| (id, writing(100))).collect();
+    loads.insert(2, writing(900));
+    loads.insert(
+        3,
+        ShardLoad {
+            held_locks: 1_500,
+            ..writing(100)
+        },
+    );
+    assert_eq!(plan_split(&loads, 0, 1_000, 5), None, "none over the rate");
+    assert_eq!(plan_split(&loads, 0, 800, 5), Some(2), "by rate");
+    // 1,500 locks over 1,000 is further over than 900 writes over 800.
+    assert_eq!(
+        plan_split(&loads, 1_000, 800, 5),
+        Some(3),
+        "the furthest over"
+    );
+    assert_eq!(plan_split(&loads, 0, 0, 5), None, "both off");
+}
+
+#[test]
 fn a_node_leading_two_hot_shards_hands_one_off_and_then_it_settles() {
     let view = even_counts_view();
     // Node 1 leads shards 1 and 2, both hot; the rest is quiet.
     let mut loads: BTreeMap<u64, ShardLoad> = (1..=6).map(|id| (id, writing(10))).collect();
     loads.insert(1, writing(400));
     loads.insert(2, writing(400));
-    let plan = plan_load_leaders(&view, &loads, 2, 3);
+    let plan = plan_load_leaders(&view, &loads, 2, &rule(3));
     assert_eq!(plan.len(), 1, "{plan:?}");
     let Action::TransferLeader { shard_id, to } = plan[0] else {
         panic!("a leader transfer: {plan:?}");
@@ -708,7 +738,11 @@ fn a_node_leading_two_hot_shards_hands_one_off_and_then_it_settles() {
         weights[&1] <= 410 && weights.values().max() < Some(&800),
         "{weights:?}"
     );
-    assert_eq!(plan_load_leaders(&at, &loads, 2, 3), vec![], "settled");
+    assert_eq!(
+        plan_load_leaders(&at, &loads, 2, &rule(3)),
+        vec![],
+        "settled"
+    );
     // Leadership counts stay within the spread that would restart a
     // count rebalance.
     assert!(spread(&at.leader_counts()) < 3, "{:?}", at.leader_counts());
@@ -719,19 +753,19 @@ fn small_or_even_loads_move_nothing() {
     let view = even_counts_view();
     let quiet: BTreeMap<u64, ShardLoad> = (1..=6).map(|id| (id, writing(20))).collect();
     assert_eq!(
-        plan_load_leaders(&view, &quiet, 2, 3),
+        plan_load_leaders(&view, &quiet, 2, &rule(3)),
         vec![],
         "under the minimum"
     );
     let even: BTreeMap<u64, ShardLoad> = (1..=6).map(|id| (id, writing(500))).collect();
     assert_eq!(
-        plan_load_leaders(&view, &even, 2, 3),
+        plan_load_leaders(&view, &even, 2, &rule(3)),
         vec![],
         "already even"
     );
     // Held locks weigh too, a hundred to a write a second.
     let held: BTreeMap<u64, ShardLoad> = [(1, load(40_000, 64)), (2, load(40_000, 64))].into();
-    assert_eq!(plan_load_leaders(&view, &held, 2, 3).len(), 1);
+    assert_eq!(plan_load_leaders(&view, &held, 2, &rule(3)).len(), 1);
 }
 
 proptest! {
@@ -757,7 +791,7 @@ proptest! {
         let mut at = view;
         let mut settled = false;
         for _ in 0..(8 * MAX_ACTIONS_PER_PLAN) {
-            let plan = plan_load_leaders(&at, &loads, max_moves, leader_spread);
+            let plan = plan_load_leaders(&at, &loads, max_moves, &rule(leader_spread));
             prop_assert!(plan.len() <= max_moves);
             if plan.is_empty() {
                 settled = true;
@@ -786,24 +820,24 @@ fn the_busiest_shard_over_the_threshold_is_split_and_nothing_else() {
     ]
     .into();
     assert_eq!(
-        plan_split(&loads, 100, 5),
+        plan_split(&loads, 100, 0, 5),
         Some(2),
         "most locks, splittable"
     );
     assert_eq!(
-        plan_split(&loads, 1_000, 5),
+        plan_split(&loads, 1_000, 0, 5),
         None,
         "none over the threshold"
     );
-    assert_eq!(plan_split(&loads, 0, 5), None, "0 is off");
+    assert_eq!(plan_split(&loads, 0, 0, 5), None, "0 is off");
     assert_eq!(
-        plan_split(&loads, 100, MAX_SHARDS),
+        plan_split(&loads, 100, 0, MAX_SHARDS),
         None,
         "the shard table is full"
     );
     let single_slot: BTreeMap<u64, ShardLoad> = [(3, load(900, 1))].into();
     assert_eq!(
-        plan_split(&single_slot, 100, 5),
+        plan_split(&single_slot, 100, 0, 5),
         None,
         "one slot cannot split"
     );

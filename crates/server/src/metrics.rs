@@ -352,6 +352,11 @@ pub struct Metrics {
 /// The controller's own rounds (crates/controller/src/act.rs).
 #[derive(Clone)]
 pub struct ControllerMetrics {
+    /// Repair moves, balance steps and splits begun (each ends done or
+    /// failed).
+    pub moves_started: IntCounter,
+    pub balance_started: IntCounter,
+    pub splits_started: IntCounter,
     /// Repair moves that completed.
     pub moves_done: IntCounter,
     /// Repair moves that failed (the next round plans again).
@@ -636,19 +641,19 @@ impl Metrics {
         let repair_moves = counter_vec(
             r,
             "fencelock_controller_repair_moves_total",
-            "Replica moves the controller made by itself to replace replicas on down nodes, by outcome: done, failed.",
+            "Replica moves the controller made by itself to replace replicas on down nodes, by outcome: started, done, failed.",
             &["outcome"],
         );
         let balance_steps = counter_vec(
             r,
             "fencelock_controller_balance_steps_total",
-            "Replica moves and leader transfers the controller made by itself to even out the UP nodes (controller.balance), by outcome: done, failed.",
+            "Replica moves and leader transfers the controller made by itself to even out the UP nodes (controller.balance), by outcome: started, done, failed.",
             &["outcome"],
         );
         let splits = counter_vec(
             r,
             "fencelock_controller_splits_total",
-            "Data shards the controller split by itself for holding controller.split_above_locks locks, by outcome: done, failed.",
+            "Data shards the controller split by itself for holding controller.split_above_locks locks or writing controller.split_above_writes_per_sec, by outcome: started, done, failed.",
             &["outcome"],
         );
         let marks = counter_vec(
@@ -658,6 +663,9 @@ impl Metrics {
             &["state"],
         );
         let controller = ControllerMetrics {
+            moves_started: repair_moves.with_label_values(&["started"]),
+            balance_started: balance_steps.with_label_values(&["started"]),
+            splits_started: splits.with_label_values(&["started"]),
             marked_down: marks.with_label_values(&["down"]),
             returned_up: marks.with_label_values(&["up"]),
             splits_done: splits.with_label_values(&["done"]),

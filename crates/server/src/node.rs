@@ -221,19 +221,34 @@ async fn act_on_placement(
         metrics
             .nodes_down
             .set(i64::try_from(round.down.len()).unwrap_or(i64::MAX));
-        let (done, failed) = match &round.work {
+        let (started, done, failed) = match &round.work {
             Work::Nothing => {
                 if let Some(e) = failure {
                     tracing::warn!("controller: observing the cluster failed: {e}");
                 }
                 continue;
             }
-            Work::MarkDown(_) => (&metrics.marked_down, None),
-            Work::Return(_) => (&metrics.returned_up, None),
-            Work::Repair(_) => (&metrics.moves_done, Some(&metrics.moves_failed)),
-            Work::Balance(_) => (&metrics.balance_done, Some(&metrics.balance_failed)),
-            Work::Split { .. } => (&metrics.splits_done, Some(&metrics.splits_failed)),
+            Work::MarkDown(_) => (None, &metrics.marked_down, None),
+            Work::Return(_) => (None, &metrics.returned_up, None),
+            Work::Repair(_) => (
+                Some(&metrics.moves_started),
+                &metrics.moves_done,
+                Some(&metrics.moves_failed),
+            ),
+            Work::Balance(_) => (
+                Some(&metrics.balance_started),
+                &metrics.balance_done,
+                Some(&metrics.balance_failed),
+            ),
+            Work::Split { .. } => (
+                Some(&metrics.splits_started),
+                &metrics.splits_done,
+                Some(&metrics.splits_failed),
+            ),
         };
+        if let Some(started) = started {
+            started.inc_by(round.done as u64 + u64::from(failure.is_some()));
+        }
         let kind = round.work.kind();
         let why = reason(&config, &round.work);
         done.inc_by(round.done as u64);

@@ -40,7 +40,21 @@ pub struct ControllerConfig {
     /// busiest first, one split at a time), 0..=1000000000; 0 (default)
     /// never splits.
     pub split_above_locks: u64,
+    /// Split a data shard by itself once it writes this many Raft entries
+    /// a second (measured over 5 s), 0..=1000000; 0 (default) never.
+    pub split_above_writes_per_sec: u64,
+    /// With `balance`: a leadership moves by load only off a node leading
+    /// at least this weight (writes a second + held locks / 100),
+    /// 1..=1000000 (default 50).
+    pub balance_load_min_writes_per_sec: u64,
+    /// ... and only when the move lowers that node's weight by at least
+    /// this many percent, 1..=100 (default 25).
+    pub balance_load_gain_percent: u64,
 }
+
+/// Largest `controller.split_above_writes_per_sec` and
+/// `controller.balance_load_min_writes_per_sec`.
+pub const MAX_WRITES_PER_SEC: u64 = 1_000_000;
 
 /// Largest `controller.split_above_locks`.
 pub const MAX_SPLIT_ABOVE_LOCKS: u64 = 1_000_000_000;
@@ -57,6 +71,9 @@ impl Default for ControllerConfig {
             balance: false,
             balance_leader_spread: DEFAULT_LEADER_SPREAD,
             split_above_locks: 0,
+            split_above_writes_per_sec: 0,
+            balance_load_min_writes_per_sec: fencelock_placement::DEFAULT_LOAD_MIN_WEIGHT,
+            balance_load_gain_percent: fencelock_placement::DEFAULT_LOAD_GAIN_PERCENT,
         }
     }
 }
@@ -70,13 +87,19 @@ impl ControllerConfig {
             balance: self.balance,
             leader_spread: self.balance_leader_spread,
             split_above_locks: self.split_above_locks,
+            split_above_writes_per_sec: self.split_above_writes_per_sec,
+            load_min_weight: self.balance_load_min_writes_per_sec,
+            load_gain_percent: self.balance_load_gain_percent,
             max_moves: self.max_moves_per_round,
         }
     }
 
     /// Whether the controller does anything by itself.
     pub fn acts(&self) -> bool {
-        self.repair || self.balance || self.split_above_locks > 0
+        self.repair
+            || self.balance
+            || self.split_above_locks > 0
+            || self.split_above_writes_per_sec > 0
     }
 
     pub(super) fn validate(&self) -> Result<(), ConfigError> {
@@ -103,6 +126,24 @@ impl ControllerConfig {
             self.split_above_locks,
             0,
             MAX_SPLIT_ABOVE_LOCKS,
+        )?;
+        check_range(
+            "controller.split_above_writes_per_sec",
+            self.split_above_writes_per_sec,
+            0,
+            MAX_WRITES_PER_SEC,
+        )?;
+        check_range(
+            "controller.balance_load_min_writes_per_sec",
+            self.balance_load_min_writes_per_sec,
+            1,
+            MAX_WRITES_PER_SEC,
+        )?;
+        check_range(
+            "controller.balance_load_gain_percent",
+            self.balance_load_gain_percent,
+            1,
+            100,
         )
     }
 }
