@@ -110,6 +110,19 @@ enum AdminCommand {
         #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..=1000))]
         limit: u32,
     },
+    /// After a restore from backup or a rebuild after losing every
+    /// replica: make every shard mint tokens above the highest one any
+    /// protected system has seen (docs/operations.md, "Recovery without
+    /// token reuse"). Run again to finish one cut short.
+    #[command(group(clap::ArgGroup::new("floor").required(true).args(["above_token", "above_epoch"])))]
+    RaiseEpochs {
+        /// The highest fencing token any protected system has seen.
+        #[arg(long, value_name = "TOKEN")]
+        above_token: Option<i64>,
+        /// Or the epoch new tokens must be above.
+        #[arg(long, value_name = "EPOCH")]
+        above_epoch: Option<u64>,
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Subcommand)]
@@ -447,6 +460,31 @@ pub async fn run(args: AdminArgs) -> u8 {
                         .with("leaders_moved", r.leaders_moved)
                         .with("map_version", r.map_version),
                 )
+            }),
+        AdminCommand::RaiseEpochs {
+            above_token,
+            above_epoch,
+        } => admin
+            .raise_epochs(fencelock_api::v1::RaiseEpochsRequest {
+                above_token: above_token.unwrap_or(0),
+                above_epoch: above_epoch.unwrap_or(0),
+            })
+            .await
+            .map(|r| {
+                let r = r.into_inner();
+                let shards: Vec<Object> = r
+                    .shards
+                    .iter()
+                    .map(|s| Object::new().with("shard_id", s.shard_id).with("epoch", s.epoch))
+                    .collect();
+                let (object, mut human) = single(
+                    Object::new()
+                        .with("ok", true)
+                        .with("above_epoch", r.above_epoch)
+                        .with("map_version", r.map_version),
+                );
+                human.push_str(&table(&shards));
+                (object.with("shards", shards), human)
             }),
         AdminCommand::Undrain { node } => admin
             .undrain_node(UndrainNodeRequest { node_id: node })

@@ -18,11 +18,14 @@
 //!   same steps as the operator actions; [`repair`] and [`rates`] hold
 //!   its memory: since when each node has been unreachable, and each
 //!   shard's write rate.
+//! * [`epochs`] — every shard's epoch raised above a floor (recovery
+//!   without token reuse).
 //! * [`handoff`] — a stopping node hands its leaderships to serving voters.
 //! * [`nodes`] — the I/O seam: the node-local calls the above are made of.
 //! * [`error`] — [`ControllerError`], with its wire reason and retry advice.
 
 pub mod act;
+pub mod epochs;
 pub mod error;
 pub mod handoff;
 pub mod nodes;

@@ -54,6 +54,16 @@ pub trait NodeApi: Send + Sync + 'static {
         member: u64,
     ) -> impl Future<Output = Result<()>> + Send;
 
+    /// Has the node (the leader of `shard_id`) start `epoch`, one the map
+    /// handed the shard (`AdvanceEpoch`), at a new entry; answers once the
+    /// shard mints at it.
+    fn adopt_epoch(
+        &self,
+        node_id: u64,
+        shard_id: u64,
+        epoch: u64,
+    ) -> impl Future<Output = Result<()>> + Send;
+
     /// Asks the node (the leader of `shard_id`) to hand leadership to `to`.
     fn transfer_leader(
         &self,

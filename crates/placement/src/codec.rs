@@ -195,6 +195,7 @@ const TAG_ADVANCE_EPOCH: u8 = 9;
 const TAG_ROLL_BACK_MIGRATION: u8 = 10;
 const TAG_BEGIN_SPLIT: u8 = 11;
 const TAG_SET_SCHEDULER_PAUSED: u8 = 12;
+const TAG_RAISE_EPOCH_FLOOR: u8 = 13;
 
 impl PlacementCommand {
     /// The meta shard log payload of this command.
@@ -256,6 +257,10 @@ impl PlacementCommand {
                 w.u64(*from_shard);
                 w.slots(slots);
             }
+            PlacementCommand::RaiseEpochFloor { above_epoch } => {
+                w.u8(TAG_RAISE_EPOCH_FLOOR);
+                w.u64(*above_epoch);
+            }
             PlacementCommand::SetSchedulerPaused { paused } => {
                 w.u8(TAG_SET_SCHEDULER_PAUSED);
                 w.u8(u8::from(*paused));
@@ -308,6 +313,9 @@ impl PlacementCommand {
             TAG_BEGIN_SPLIT => PlacementCommand::BeginSplit {
                 from_shard: r.u64()?,
                 slots: r.slots()?,
+            },
+            TAG_RAISE_EPOCH_FLOOR => PlacementCommand::RaiseEpochFloor {
+                above_epoch: r.u64()?,
             },
             TAG_SET_SCHEDULER_PAUSED => PlacementCommand::SetSchedulerPaused {
                 paused: match r.u8()? {

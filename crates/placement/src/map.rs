@@ -152,6 +152,9 @@ impl PlacementMap {
                 self.scheduler_paused = *paused;
                 Ok(PlacementReply::Updated)
             }
+            PlacementCommand::RaiseEpochFloor { above_epoch } => {
+                self.raise_epoch_floor(*above_epoch)
+            }
         }?;
         self.version = next_version;
         // Cheap enough (a few thousand entries at most) to run on every apply
@@ -445,6 +448,24 @@ impl PlacementMap {
         }
         self.next_epoch = epoch + 1;
         Ok(PlacementReply::EpochAdvanced { shard_id, epoch })
+    }
+
+    fn raise_epoch_floor(&mut self, above_epoch: u64) -> Result<PlacementReply, PlacementError> {
+        if let Some(m) = &self.migration {
+            // An open migration's epoch was allocated below the new floor;
+            // finish or abort it first.
+            return Err(PlacementError::MigrationInProgress { migration_id: m.id });
+        }
+        let data_shards = self.shards.len() as u64 - 1;
+        let last_needed = above_epoch
+            .checked_add(data_shards)
+            .filter(|&e| e <= MAX_EPOCH)
+            .ok_or(PlacementError::EpochsExhausted {
+                max_epoch: MAX_EPOCH,
+            })?;
+        debug_assert!(last_needed >= above_epoch);
+        self.next_epoch = self.next_epoch.max(above_epoch + 1);
+        Ok(PlacementReply::Updated)
     }
 
     // ----- validation helpers (no mutation) -----

@@ -114,6 +114,13 @@ pub enum PlacementCommand {
     /// Pauses (`true`) or resumes the placement controller's own moves.
     /// Restating the current value succeeds too.
     SetSchedulerPaused { paused: bool },
+    /// Makes every epoch handed out from now on higher than `above_epoch`:
+    /// after a restore from backup or a rebuild after losing every
+    /// replica, tokens must start above any the protected systems have
+    /// seen. Changes no shard's epoch (`AdvanceEpoch` then does, shard by
+    /// shard). Refused while a migration is open, or without room above
+    /// `above_epoch` for every data shard to take one more epoch.
+    RaiseEpochFloor { above_epoch: u64 },
 }
 
 /// What a successful command did. Every success bumps the map's version by

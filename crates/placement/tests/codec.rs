@@ -94,6 +94,7 @@ fn every_command() -> Vec<PlacementCommand> {
         },
         SetSchedulerPaused { paused: true },
         SetSchedulerPaused { paused: false },
+        RaiseEpochFloor { above_epoch: 4_000 },
     ]
 }
 
@@ -243,6 +244,7 @@ fn arbitrary_command() -> impl Strategy<Value = PlacementCommand> {
         (any::<u64>(), proptest::collection::vec(any::<u32>(), 0..40))
             .prop_map(|(from_shard, slots)| BeginSplit { from_shard, slots }),
         any::<bool>().prop_map(|paused| SetSchedulerPaused { paused }),
+        any::<u64>().prop_map(|above_epoch| RaiseEpochFloor { above_epoch }),
     ]
 }
 

@@ -322,3 +322,66 @@ proptest! {
         prop_assert_eq!(replica.snapshot(), map.snapshot());
     }
 }
+
+#[test]
+fn a_raised_floor_puts_every_later_epoch_above_it_and_is_refused_without_room() {
+    let mut map = PlacementMap::bootstrap(&nodes(3), 2, 3).unwrap();
+    let before: Vec<u64> = map.shards().map(|s| s.epoch).collect();
+    ok(
+        &mut map,
+        PlacementCommand::RaiseEpochFloor { above_epoch: 5_000 },
+    );
+    // No shard changed its epoch; the next hand-out is above the floor.
+    assert_eq!(map.shards().map(|s| s.epoch).collect::<Vec<_>>(), before);
+    let PlacementReply::EpochAdvanced { epoch, .. } =
+        ok(&mut map, PlacementCommand::AdvanceEpoch { shard_id: 1 })
+    else {
+        panic!("an epoch");
+    };
+    assert_eq!(epoch, 5_001);
+    // A lower floor changes nothing further.
+    ok(
+        &mut map,
+        PlacementCommand::RaiseEpochFloor { above_epoch: 10 },
+    );
+    let PlacementReply::EpochAdvanced { epoch, .. } =
+        ok(&mut map, PlacementCommand::AdvanceEpoch { shard_id: 2 })
+    else {
+        panic!("an epoch");
+    };
+    assert_eq!(epoch, 5_002);
+    // Two data shards need two epochs above the floor.
+    assert!(matches!(
+        refused(
+            &mut map,
+            PlacementCommand::RaiseEpochFloor {
+                above_epoch: MAX_EPOCH - 1
+            }
+        ),
+        PlacementError::EpochsExhausted { .. }
+    ));
+    ok(
+        &mut map,
+        PlacementCommand::RaiseEpochFloor {
+            above_epoch: MAX_EPOCH - 2,
+        },
+    );
+    // Not while a migration is open: its epoch lies below the floor.
+    let mut moving = PlacementMap::bootstrap(&nodes(3), 2, 3).unwrap();
+    let slot = moving.slots_of(1).first().copied().unwrap();
+    ok(
+        &mut moving,
+        PlacementCommand::BeginMigration {
+            from_shard: 1,
+            to_shard: 2,
+            slots: vec![slot],
+        },
+    );
+    assert!(matches!(
+        refused(
+            &mut moving,
+            PlacementCommand::RaiseEpochFloor { above_epoch: 100 }
+        ),
+        PlacementError::MigrationInProgress { .. }
+    ));
+}

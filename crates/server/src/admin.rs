@@ -360,6 +360,40 @@ impl AdminService for AdminServiceImpl {
         }))
     }
 
+    async fn raise_epochs(
+        &self,
+        request: Request<fencelock_api::v1::RaiseEpochsRequest>,
+    ) -> Result<Response<fencelock_api::v1::RaiseEpochsResponse>, Status> {
+        let req = request.into_inner();
+        let above_epoch = match (req.above_token, req.above_epoch) {
+            (0, 0) => {
+                return Err(invalid(
+                    "above_token",
+                    "give the highest token any protected system has seen",
+                ))
+            }
+            (0, epoch) => epoch,
+            (token, 0) => fencelock_controller::epochs::epoch_of_token(token).map_err(detailed)?,
+            _ => {
+                return Err(invalid(
+                    "above_token",
+                    "give the highest token seen or an epoch, not both",
+                ))
+            }
+        };
+        let _turn = self.one_at_a_time.lock().await;
+        let raised = self.ops.raise_epochs(above_epoch).await.map_err(detailed)?;
+        Ok(Response::new(fencelock_api::v1::RaiseEpochsResponse {
+            shards: raised
+                .shards
+                .iter()
+                .map(|&(shard_id, epoch)| fencelock_api::v1::ShardEpoch { shard_id, epoch })
+                .collect(),
+            above_epoch,
+            map_version: raised.map_version,
+        }))
+    }
+
     async fn hot_resources(
         &self,
         request: Request<HotResourcesRequest>,

@@ -317,6 +317,34 @@ impl NodeControl for NodeControlImpl {
         Ok(Response::new(ControlAck {}))
     }
 
+    async fn adopt_epoch(
+        &self,
+        request: Request<fencelock_api::internal::AdoptEpochRequest>,
+    ) -> Result<Response<ControlAck>, Status> {
+        let req = request.into_inner();
+        // Only an epoch the map handed this shard: a stray one would mint
+        // tokens another shard generation may use too.
+        let handed = self
+            .router
+            .map()
+            .and_then(|m| m.shard(req.shard_id).map(|s| s.epoch));
+        if handed != Some(req.epoch) {
+            // Most likely this node's map lags the one that handed it out.
+            return Err(ServerError::Routing(format!(
+                "this node's placement map gives shard {} epoch {:?}, not {}: retry once it catches up",
+                req.shard_id, handed, req.epoch
+            ))
+            .into());
+        }
+        self.ask(|tx| StoreMsg::AdoptEpoch {
+            shard_id: req.shard_id,
+            epoch: req.epoch,
+            tx,
+        })
+        .await?;
+        Ok(Response::new(ControlAck {}))
+    }
+
     async fn create_peer(
         &self,
         request: Request<CreatePeerRequest>,

@@ -93,6 +93,18 @@ impl NodeApi for GrpcNodes {
             .map_err(|e| decoded(node_id, e))
     }
 
+    async fn adopt_epoch(
+        &self,
+        node_id: u64,
+        shard_id: u64,
+        epoch: u64,
+    ) -> Result<(), ControllerError> {
+        let mut c = self.control(node_id)?;
+        let request = fencelock_api::internal::AdoptEpochRequest { shard_id, epoch };
+        let resp = c.adopt_epoch(request).await;
+        resp.map(|_| ()).map_err(|e| decoded(node_id, e))
+    }
+
     async fn get_map(&self, node_id: u64) -> Result<MapSnapshot, ControllerError> {
         let mut c = self.control(node_id)?;
         let resp = c.get_map(GetMapRequest {}).await;

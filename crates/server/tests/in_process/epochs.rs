@@ -80,3 +80,72 @@ async fn a_shard_low_on_token_positions_moves_to_a_new_epoch_from_the_placement_
     assert_eq!(second_token.epoch(), epoch);
     assert!(second_token > first_token);
 }
+
+/// After a restore from backup (or a rebuild after losing every replica)
+/// the cluster's counters may be below tokens the protected systems have
+/// seen: `admin raise-epochs` puts every shard's tokens above a floor.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn raised_epochs_put_every_new_token_above_the_highest_one_seen() {
+    use fencelock_api::v1::RaiseEpochsRequest;
+    let cluster = Cluster::start(3, |c| c.shard_count = 4).await;
+    let held = acquire(&cluster, 1, acquire_req("acme/raise-held", "h", 600_000, 0))
+        .await
+        .expect("granted");
+    // A protected system saw this token from the cluster's earlier life.
+    let seen = FencingToken::new(900, 77).as_i64();
+    let mut admin = cluster.admin(2).await;
+    let refused = admin
+        .raise_epochs(RaiseEpochsRequest::default())
+        .await
+        .expect_err("a floor is required");
+    assert_eq!(refused.code(), tonic::Code::InvalidArgument);
+    let raised = admin
+        .raise_epochs(RaiseEpochsRequest {
+            above_token: seen,
+            above_epoch: 0,
+        })
+        .await
+        .expect("raised")
+        .into_inner();
+    assert_eq!(raised.above_epoch, 900);
+    assert_eq!(raised.shards.len(), 4, "{raised:?}");
+    assert!(raised.shards.iter().all(|s| s.epoch > 900), "{raised:?}");
+    // Run again: nothing left to do, no epoch spent.
+    let again = admin
+        .raise_epochs(RaiseEpochsRequest {
+            above_token: seen,
+            above_epoch: 0,
+        })
+        .await
+        .expect("raised again")
+        .into_inner();
+    assert_eq!(again.shards, raised.shards);
+
+    // The lock held across the raise keeps its token; every new grant, on
+    // every shard, is above the floor.
+    let read = common::get(&cluster, 3, "acme/raise-held")
+        .await
+        .expect("read");
+    assert!(read.held);
+    assert_eq!(read.fencing_token, held.fencing_token);
+    let mut shards = std::collections::BTreeSet::new();
+    for i in 0..100 {
+        if shards.len() == 4 {
+            break;
+        }
+        let resource = format!("acme/raised-{i}");
+        let grant = acquire(&cluster, 1 + i % 3, acquire_req(&resource, "r", 5_000, 0))
+            .await
+            .expect("granted");
+        assert!(
+            grant.fencing_token > seen,
+            "{resource}: {}",
+            grant.fencing_token
+        );
+        release(&cluster, 1, &resource, &grant.lease_id)
+            .await
+            .expect("released");
+        shards.insert(grant.shard_id);
+    }
+    assert_eq!(shards.len(), 4);
+}

@@ -108,6 +108,13 @@ fn operator_reshapes_a_running_cluster_with_the_admin_cli() {
             "{action}: {said}"
         );
     }
+    // Recovery without token reuse: every shard above the floor, and the
+    // floor is required.
+    let raised = admin(&endpoint, &["raise-epochs", "--above-epoch", "50"]);
+    assert!(raised.contains("\"above_epoch\":50"), "{raised}");
+    assert_eq!(raised.matches("\"epoch\":5").count(), 4, "{raised}");
+    let no_floor = fencelock(&["admin", "--endpoint", &endpoint, "raise-epochs"]);
+    assert!(!no_floor.status.success());
     // The dry run on a healthy cluster with the default thresholds.
     let plan = admin(&endpoint, &["scheduler", "plan"]);
     for field in [
