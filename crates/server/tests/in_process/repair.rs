@@ -62,13 +62,7 @@ async fn a_dead_nodes_replicas_are_replaced_on_live_nodes_without_an_operator() 
     cluster.crash(dead).await;
 
     // Down after DOWN_AFTER_MS, then one move after another.
-    wait_repaired(
-        &cluster,
-        dead,
-        before.len(),
-        Duration::from_millis(DOWN_AFTER_MS) + Duration::from_secs(60),
-    )
-    .await;
+    wait_repaired(&cluster, dead, before.len()).await;
     // The shards kept their data and their tokens.
     let live = *cluster.nodes.keys().next().unwrap();
     let read = get(&cluster, live, "acme/repair").await.expect("read");
@@ -183,8 +177,10 @@ async fn plan(cluster: &Cluster, node: u64) -> fencelock_api::v1::SchedulerRespo
         .into_inner()
 }
 
-/// Waits until no shard has a voter on `dead` and every shard has three.
-async fn wait_repaired(cluster: &Cluster, dead: u64, shards: usize, within: Duration) {
+/// Waits until no shard has a voter on `dead` and every shard has three,
+/// for at most the bound: `node_down_after_ms` + 60 s.
+async fn wait_repaired(cluster: &Cluster, dead: u64, shards: usize) {
+    let within = Duration::from_millis(DOWN_AFTER_MS) + Duration::from_secs(60);
     let deadline = Instant::now() + within;
     loop {
         let now = voters(cluster);
@@ -245,13 +241,7 @@ async fn a_paused_controller_moves_nothing_and_a_resumed_one_repairs() {
     assert!(scheduler(&cluster, other, Action::Status).await);
 
     assert!(!scheduler(&cluster, asker, Action::Resume).await);
-    wait_repaired(
-        &cluster,
-        dead,
-        before.len(),
-        Duration::from_millis(DOWN_AFTER_MS) + Duration::from_secs(60),
-    )
-    .await;
+    wait_repaired(&cluster, dead, before.len()).await;
 }
 
 /// Replicas and leaderships per node, from the shards' leaders.
@@ -532,13 +522,7 @@ async fn a_replaced_node_that_returns_is_refilled_from_its_stale_copies_and_ever
         .await
         .expect("granted");
     cluster.crash(dead).await;
-    wait_repaired(
-        &cluster,
-        dead,
-        before.len(),
-        Duration::from_millis(DOWN_AFTER_MS) + Duration::from_secs(60),
-    )
-    .await;
+    wait_repaired(&cluster, dead, before.len()).await;
     release(&cluster, live, "acme/return", &first.lease_id)
         .await
         .expect("released");
