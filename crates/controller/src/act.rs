@@ -72,6 +72,8 @@ pub struct ActConfig {
     pub balance: bool,
     /// Leadership counts this far apart start a rebalance (at least 2).
     pub leader_spread: usize,
+    /// Replica counts this far apart start a rebalance (at least 2).
+    pub replica_spread: usize,
     /// Split a data shard holding this many locks (0: never).
     pub split_above_locks: u64,
     /// Split a data shard writing this many entries a second (0: never).
@@ -91,6 +93,7 @@ impl Default for ActConfig {
             node_down_after_ms: DEFAULT_NODE_DOWN_AFTER_MS,
             balance: false,
             leader_spread: DEFAULT_LEADER_SPREAD,
+            replica_spread: fencelock_placement::REBALANCE_REPLICA_SPREAD,
             split_above_locks: 0,
             split_above_writes_per_sec: 0,
             load_min_weight: fencelock_placement::DEFAULT_LOAD_MIN_WEIGHT,
@@ -197,9 +200,9 @@ pub fn reason(config: &ActConfig, work: &Work) -> String {
             config.split_above_locks, config.split_above_writes_per_sec
         ),
         Work::Balance(_) => format!(
-            "replica counts {} or more apart, leaderships controller.balance_leader_spread ({}) or more, \
+            "replica counts controller.balance_replica_spread ({}) or more apart, leaderships controller.balance_leader_spread ({}) or more, \
              or a leadership move lowering the heaviest node's load by controller.balance_load_gain_percent ({}%)",
-            fencelock_placement::REBALANCE_REPLICA_SPREAD,
+            config.replica_spread,
             config.leader_spread,
             config.load_gain_percent,
         ),
@@ -328,7 +331,7 @@ pub fn decide(
     }
     if config.balance {
         // Counts first; then the leaders' load, within the counts' bounds.
-        let plan = plan_rebalance(view, max_moves, config.leader_spread);
+        let plan = plan_rebalance(view, max_moves, config.replica_spread, config.leader_spread);
         if !plan.is_empty() {
             return Work::Balance(plan);
         }

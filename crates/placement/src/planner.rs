@@ -160,26 +160,32 @@ pub fn plan_repair(view: &ClusterView, max_moves: usize) -> Vec<Action> {
     plan
 }
 
-/// Replica counts further apart than this (max − min over accepting nodes)
-/// start a rebalance; [`plan_balance`] then brings them within one, below
-/// the threshold, so the next round plans nothing (hysteresis).
+/// Default replica spread (max − min over accepting nodes) that starts a
+/// rebalance; [`plan_balance`] then brings the counts within one, below
+/// any threshold of 2 or more, so the next round plans nothing
+/// (hysteresis).
 pub const REBALANCE_REPLICA_SPREAD: usize = 2;
 
 /// The controller's own balancing, with hysteresis: nothing unless the
 /// replica counts of the accepting nodes differ by at least
-/// [`REBALANCE_REPLICA_SPREAD`] or their leadership counts by at least
-/// `leader_spread` (at least 2); then the first `max_moves` actions of
+/// `replica_spread` or their leadership counts by at least `leader_spread`
+/// (each at least 2); then the first `max_moves` actions of
 /// [`plan_balance`] (a prefix of a valid plan is valid). Leader elections
 /// move single leaderships around all the time; a `leader_spread` above 2
 /// keeps the controller from chasing them. An invalid view gets an empty
 /// plan.
-pub fn plan_rebalance(view: &ClusterView, max_moves: usize, leader_spread: usize) -> Vec<Action> {
+pub fn plan_rebalance(
+    view: &ClusterView,
+    max_moves: usize,
+    replica_spread: usize,
+    leader_spread: usize,
+) -> Vec<Action> {
     let spread = |counts: BTreeMap<u64, usize>| {
         let max = counts.values().max().copied().unwrap_or(0);
         let min = counts.values().min().copied().unwrap_or(0);
         max - min
     };
-    let replicas_off = spread(view.replica_counts()) >= REBALANCE_REPLICA_SPREAD;
+    let replicas_off = spread(view.replica_counts()) >= replica_spread.max(2);
     let leaders_off = spread(view.leader_counts()) >= leader_spread.max(2);
     if !replicas_off && !leaders_off {
         return Vec::new();

@@ -572,7 +572,7 @@ fn rebalance_moves_replicas_to_an_empty_node_and_then_settles() {
     let mut at = view.clone();
     let mut rounds = 0;
     loop {
-        let plan = plan_rebalance(&at, 2, 3);
+        let plan = plan_rebalance(&at, 2, REBALANCE_REPLICA_SPREAD, 3);
         assert!(plan.len() <= 2);
         if plan.is_empty() {
             break;
@@ -597,7 +597,10 @@ fn rebalance_moves_replicas_to_an_empty_node_and_then_settles() {
         shard.leader = shard.replicas.iter().next().copied();
     }
     if spread_of(nudged.leader_counts()) < 3 {
-        assert_eq!(plan_rebalance(&nudged, 2, 3), vec![]);
+        assert_eq!(
+            plan_rebalance(&nudged, 2, REBALANCE_REPLICA_SPREAD, 3),
+            vec![]
+        );
     }
 }
 
@@ -610,9 +613,9 @@ fn a_balanced_cluster_gets_no_rebalance() {
     for (i, shard) in led.shards.values_mut().enumerate() {
         shard.leader = Some(1 + (i as u64 % 3));
     }
-    assert_eq!(plan_rebalance(&led, 4, 3), vec![]);
+    assert_eq!(plan_rebalance(&led, 4, REBALANCE_REPLICA_SPREAD, 3), vec![]);
     // All leaders on node 1: past the threshold, leaderships move.
-    let plan = plan_rebalance(&view, 4, 3);
+    let plan = plan_rebalance(&view, 4, REBALANCE_REPLICA_SPREAD, 3);
     assert!(!plan.is_empty());
     assert!(plan
         .iter()
@@ -626,11 +629,11 @@ proptest! {
     /// replicas (`execute` checks each step), and reaches a fixed point
     /// where replica counts are within the hysteresis threshold.
     #[test]
-    fn rebalance_rounds_are_bounded_safe_and_settle(view in random_view(), max_moves in 1usize..=4, leader_spread in 2usize..=5) {
+    fn rebalance_rounds_are_bounded_safe_and_settle(view in random_view(), max_moves in 1usize..=4, replica_spread in 2usize..=4, leader_spread in 2usize..=5) {
         let mut at = view;
         let mut settled = false;
         for _ in 0..(4 * MAX_ACTIONS_PER_PLAN) {
-            let plan = plan_rebalance(&at, max_moves, leader_spread);
+            let plan = plan_rebalance(&at, max_moves, replica_spread, leader_spread);
             prop_assert!(plan.len() <= max_moves);
             if plan.is_empty() {
                 settled = true;
@@ -639,7 +642,7 @@ proptest! {
             at = execute(&at, &plan);
         }
         prop_assert!(settled, "no fixed point");
-        prop_assert!(spread_of(at.replica_counts()) < REBALANCE_REPLICA_SPREAD, "{:?}", at.replica_counts());
+        prop_assert!(spread_of(at.replica_counts()) < replica_spread, "{:?}", at.replica_counts());
     }
 }
 

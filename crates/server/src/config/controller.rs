@@ -34,8 +34,11 @@ pub struct ControllerConfig {
     /// every node answers (default false: `fencelock admin balance`).
     pub balance: bool,
     /// Leadership counts this far apart (max − min) start a rebalance,
-    /// 2..=64 (default 3); replica counts start one at 2 apart.
+    /// 2..=64 (default 3).
     pub balance_leader_spread: usize,
+    /// Replica counts this far apart (max − min) start a rebalance,
+    /// 2..=64 (default 2).
+    pub balance_replica_spread: usize,
     /// Split a data shard by itself once it holds this many locks (the
     /// busiest first, one split at a time), 0..=1000000000; 0 (default)
     /// never splits.
@@ -59,7 +62,8 @@ pub const MAX_WRITES_PER_SEC: u64 = 1_000_000;
 /// Largest `controller.split_above_locks`.
 pub const MAX_SPLIT_ABOVE_LOCKS: u64 = 1_000_000_000;
 
-/// Largest `controller.balance_leader_spread`.
+/// Largest `controller.balance_leader_spread` and
+/// `controller.balance_replica_spread`.
 pub const MAX_BALANCE_LEADER_SPREAD: usize = 64;
 
 impl Default for ControllerConfig {
@@ -70,6 +74,7 @@ impl Default for ControllerConfig {
             max_moves_per_round: DEFAULT_MAX_MOVES_PER_ROUND,
             balance: false,
             balance_leader_spread: DEFAULT_LEADER_SPREAD,
+            balance_replica_spread: fencelock_placement::REBALANCE_REPLICA_SPREAD,
             split_above_locks: 0,
             split_above_writes_per_sec: 0,
             balance_load_min_writes_per_sec: fencelock_placement::DEFAULT_LOAD_MIN_WEIGHT,
@@ -86,6 +91,7 @@ impl ControllerConfig {
             node_down_after_ms: self.node_down_after_ms,
             balance: self.balance,
             leader_spread: self.balance_leader_spread,
+            replica_spread: self.balance_replica_spread,
             split_above_locks: self.split_above_locks,
             split_above_writes_per_sec: self.split_above_writes_per_sec,
             load_min_weight: self.balance_load_min_writes_per_sec,
@@ -118,6 +124,12 @@ impl ControllerConfig {
         check_range(
             "controller.balance_leader_spread",
             self.balance_leader_spread,
+            2,
+            MAX_BALANCE_LEADER_SPREAD,
+        )?;
+        check_range(
+            "controller.balance_replica_spread",
+            self.balance_replica_spread,
             2,
             MAX_BALANCE_LEADER_SPREAD,
         )?;
