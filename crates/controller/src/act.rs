@@ -462,7 +462,8 @@ impl<N: NodeApi> Ops<N> {
     /// the map marks `Down` count as down; the members unreachable right
     /// now come back in [`Round::unreachable`]. Write rates, too, are
     /// measured across rounds: the dry run weighs held locks only.
-    pub async fn plan_round(&self, config: &ActConfig) -> Result<Round, ControllerError> {
+    /// Answers with the map version the plan was made from.
+    pub async fn plan_round(&self, config: &ActConfig) -> Result<(Round, u64), ControllerError> {
         let (map, statuses) = self.observe().await?;
         let view = view_of(&map, &statuses);
         let mut round = Round {
@@ -478,7 +479,7 @@ impl<N: NodeApi> Ops<N> {
             &loads_of(&statuses, &BTreeMap::new()),
             map.migration().is_some(),
         );
-        Ok(round)
+        Ok((round, map.version()))
     }
 
     /// Pauses (`Some(true)`), resumes (`Some(false)`) or only reads

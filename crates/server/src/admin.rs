@@ -326,12 +326,13 @@ impl AdminService for AdminServiceImpl {
         use scheduler_request::Action;
         let pause = match Action::try_from(request.into_inner().action) {
             Ok(Action::Plan) => {
-                let round = self.ops.plan_round(&self.act).await.map_err(detailed)?;
-                let map = self.ops.fresh_map().await.map_err(detailed)?;
+                // One observation: the plan and its map version agree.
+                let (round, map_version) =
+                    self.ops.plan_round(&self.act).await.map_err(detailed)?;
                 let work = &round.work;
                 return Ok(Response::new(SchedulerResponse {
                     paused: round.paused,
-                    map_version: map.version(),
+                    map_version,
                     work: work.kind().to_owned(),
                     reason: fencelock_controller::act::reason(&self.act, work),
                     steps: (0..work.steps())
