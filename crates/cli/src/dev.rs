@@ -25,7 +25,7 @@ use std::process::{Command, ExitStatus, Stdio};
 use std::time::Duration;
 
 use clap::Args;
-use fencelock_server::config::{NodeConfig, MAX_PEERS};
+use fencelock_config::{NodeConfig, MAX_PEERS};
 
 use super::{ShutdownSignals, EXIT_OK, EXIT_OTHER, EXIT_USAGE};
 

@@ -22,7 +22,7 @@ mod lock;
 use std::path::{Path, PathBuf};
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use fencelock_server::config::{ConfigError, NodeConfig};
+use fencelock_config::{ConfigError, NodeConfig};
 use fencelock_server::errors::ServerError;
 use fencelock_server::node::Node;
 
@@ -156,8 +156,8 @@ struct OverrideArgs {
 
 impl OverrideArgs {
     /// The environment's overrides, then the flags'.
-    fn collect(&self) -> Result<Vec<fencelock_server::config::Override>, ConfigError> {
-        use fencelock_server::config::overrides;
+    fn collect(&self) -> Result<Vec<fencelock_config::Override>, ConfigError> {
+        use fencelock_config::overrides;
         let mut all = overrides::from_env(std::env::vars());
         for arg in &self.set {
             all.push(overrides::parse_set(arg)?);

@@ -14,7 +14,6 @@
 //! * [`peers`] — gRPC channels to other nodes (forwarding, operator actions).
 //! * [`security`] — mutual TLS, caller identities and who may call what,
 //!   per-tenant rate limits, private data directories (docs/security.md).
-//! * [`config`] — the node's configuration file, defaults and validation.
 //! * [`errors`] — the crate's error type and its mapping to gRPC statuses.
 //! * [`metrics`] — the node's Prometheus registry and every metric.
 //! * [`admin_http`] — the admin HTTP port: `/metrics`, `/healthz` and the
@@ -29,13 +28,16 @@
 //! [`transport`] (`fencelock-transport`; `netfilter`, its fault rules, in
 //! test builds only), [`router`] (`fencelock-router`), [`reshard`]
 //! (`fencelock-controller`'s migration protocol) and [`internal`]
-//! (`fencelock-api`'s internal protos).
+//! (`fencelock-api`'s internal protos) and [`config`] (`fencelock-config`,
+//! the configuration file, its defaults and validation).
 
 pub mod admin;
 pub mod admin_http;
+/// The configuration file lives in `fencelock-config`; re-exported for the
+/// server's callers.
+pub use fencelock_config as config;
 /// The audit log is written by the store loop at apply; it lives there.
 pub use store::audit;
-pub mod config;
 pub mod control;
 pub mod errors;
 pub mod lifecycle;

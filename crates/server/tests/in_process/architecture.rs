@@ -84,10 +84,15 @@ fn the_state_machine_placement_codec_storage_and_router_never_depend_on_protobuf
 /// The store loop answers in the contract's messages (its errors' wire
 /// form) and the controller speaks to nodes through its `NodeApi` trait:
 /// both use `fencelock-api` without its `grpc` feature, so neither reaches
-/// tonic, HTTP or TLS, directly or through the API crate.
+/// tonic, HTTP or TLS, directly or through the API crate. The
+/// configuration crate builds on both and stays as free of the edge.
 #[test]
 fn the_store_loop_and_the_controller_build_without_grpc_http_or_tls() {
-    for krate in ["fencelock-multiraft", "fencelock-controller"] {
+    for krate in [
+        "fencelock-multiraft",
+        "fencelock-controller",
+        "fencelock-config",
+    ] {
         let deps = normal_dependencies(krate);
         assert!(
             deps.contains("fencelock-api"),
@@ -160,6 +165,19 @@ fn the_crate_dependencies_only_point_down() {
                 "fencelock-placement",
                 "fencelock-router",
                 "fencelock-api",
+            ],
+        ),
+        (
+            "fencelock-config",
+            &[
+                "fencelock-statemachine",
+                "fencelock-placement",
+                "fencelock-codec",
+                "fencelock-storage",
+                "fencelock-router",
+                "fencelock-api",
+                "fencelock-multiraft",
+                "fencelock-controller",
             ],
         ),
     ];

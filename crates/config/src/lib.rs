@@ -156,7 +156,7 @@ pub struct PeerConfig {
 }
 
 /// The `[raft]` section: the store loop's tuning, owned by the store.
-pub use crate::store::RaftConfig;
+pub use fencelock_multiraft::RaftConfig;
 
 /// The `[lock]` section: the default lease TTL and every field of
 /// [`Limits`], with the same defaults.
@@ -472,7 +472,7 @@ impl NodeConfig {
     }
 
     /// Where the audit log goes.
-    pub fn audit_target(&self) -> crate::audit::AuditTarget {
+    pub fn audit_target(&self) -> fencelock_multiraft::audit::AuditTarget {
         self.audit.target()
     }
 
@@ -709,8 +709,8 @@ impl NodeConfig {
     }
 
     /// What the store loop needs of this configuration.
-    pub fn store_config(&self) -> crate::store::StoreConfig {
-        crate::store::StoreConfig {
+    pub fn store_config(&self) -> fencelock_multiraft::StoreConfig {
+        fencelock_multiraft::StoreConfig {
             node_id: self.node_id,
             initial_members: self.peer_map(),
             shard_count: self.shard_count,

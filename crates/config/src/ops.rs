@@ -7,7 +7,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use super::{check_range, ConfigError};
-use crate::audit::AuditTarget;
+use fencelock_multiraft::audit::AuditTarget;
 
 /// Longest graceful shutdown a node may be configured with. Orchestrators
 /// kill a process that takes longer than their own grace period (30 s in
