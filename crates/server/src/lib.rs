@@ -12,8 +12,6 @@
 //! * [`lifecycle`] — health status, in-flight requests and the graceful
 //!   shutdown sequence.
 //! * [`peers`] — gRPC channels to other nodes (forwarding, operator actions).
-//! * [`security`] — mutual TLS, caller identities and who may call what,
-//!   per-tenant rate limits, private data directories (docs/security.md).
 //! * [`errors`] — the crate's error type and its mapping to gRPC statuses.
 //! * [`metrics`] — the node's Prometheus registry and every metric.
 //! * [`admin_http`] — the admin HTTP port: `/metrics`, `/healthz` and the
@@ -28,8 +26,11 @@
 //! [`transport`] (`fencelock-transport`; `netfilter`, its fault rules, in
 //! test builds only), [`router`] (`fencelock-router`), [`reshard`]
 //! (`fencelock-controller`'s migration protocol) and [`internal`]
-//! (`fencelock-api`'s internal protos) and [`config`] (`fencelock-config`,
-//! the configuration file, its defaults and validation).
+//! (`fencelock-api`'s internal protos), [`config`] (`fencelock-config`,
+//! the configuration file, its defaults and validation) and [`security`]
+//! (`fencelock-security`: mutual TLS, caller identities and who may call
+//! what, per-tenant rate limits, private data directories;
+//! docs/security.md).
 
 pub mod admin;
 pub mod admin_http;
@@ -57,7 +58,9 @@ pub use fencelock_controller::ControllerError;
 /// The route table lives in `fencelock-router`; re-exported for the
 /// server's callers.
 pub use fencelock_router as router;
-pub mod security;
+/// Mutual TLS, identities, who may call what and rate limits live in
+/// `fencelock-security`; re-exported for the server's callers.
+pub use fencelock_security as security;
 pub mod service;
 pub mod status;
 /// The multi-Raft store loop lives in `fencelock-multiraft`; re-exported

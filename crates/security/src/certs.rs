@@ -240,7 +240,7 @@ mod tests {
 
     #[test]
     fn a_key_that_is_not_the_certificates_is_refused_naming_both_files() {
-        use crate::security::TlsMaterial;
+        use crate::TlsMaterial;
         let dir = tempfile::tempdir().unwrap();
         let out = dir.path().join("certs");
         DevCerts::generate(&DevCertsSpec {

@@ -251,18 +251,17 @@ mod tests {
     #[test]
     fn identity_comes_from_the_certificate_uri_san() {
         let dir = tempfile::tempdir().unwrap();
-        let set =
-            crate::security::certs::DevCerts::generate(&crate::security::certs::DevCertsSpec {
-                nodes: 1,
-                hosts: vec!["localhost".into(), "127.0.0.1".into()],
-                tenants: vec![("acme".into(), "worker".into())],
-                admins: vec!["ops".into()],
-            })
-            .unwrap();
+        let set = crate::certs::DevCerts::generate(&crate::certs::DevCertsSpec {
+            nodes: 1,
+            hosts: vec!["localhost".into(), "127.0.0.1".into()],
+            tenants: vec![("acme".into(), "worker".into())],
+            admins: vec!["ops".into()],
+        })
+        .unwrap();
         set.write(dir.path()).unwrap();
         let der = |name: &str| {
             let pem = std::fs::read(dir.path().join(format!("{name}.crt"))).unwrap();
-            crate::security::tls::parse_certificates(&pem).unwrap()[0].to_vec()
+            crate::tls::parse_certificates(&pem).unwrap()[0].to_vec()
         };
         assert_eq!(
             Identity::from_certificate(&der("node-1")),
