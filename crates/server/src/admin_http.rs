@@ -84,7 +84,11 @@ pub fn spawn(
     let addr = listener
         .local_addr()
         .map_err(|e| ServerError::Internal(e.to_string()))?;
-    let sampler = crate::status::sampler::spawn(state.ops.clone(), state.history.clone());
+    let sampler = crate::status::sampler::spawn(
+        state.ops.clone(),
+        state.history.clone(),
+        crate::store::wall_ms,
+    );
     let app = axum::Router::new()
         .route("/", get(status_page))
         .route("/metrics", get(metrics))

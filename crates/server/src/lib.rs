@@ -16,8 +16,6 @@
 //! * [`metrics`] — the node's Prometheus registry and every metric.
 //! * [`admin_http`] — the admin HTTP port: `/metrics`, `/healthz` and the
 //!   operator status page.
-//! * [`status`] — the status page: cluster samples, their rates and
-//!   latencies, and the page with its charts, rendered on the server.
 //! * [`logging`] — `tracing` output: filters, text or JSON.
 //! * [`validate`] — field checks of public API requests (pure; fuzzed).
 //!
@@ -25,12 +23,13 @@
 //! (`fencelock-multiraft`, the store loop; [`audit`] is its audit log),
 //! [`transport`] (`fencelock-transport`; `netfilter`, its fault rules, in
 //! test builds only), [`router`] (`fencelock-router`), [`reshard`]
-//! (`fencelock-controller`'s migration protocol) and [`internal`]
+//! (`fencelock-controller`'s migration protocol), [`internal`]
 //! (`fencelock-api`'s internal protos), [`config`] (`fencelock-config`,
-//! the configuration file, its defaults and validation) and [`security`]
+//! the configuration file, its defaults and validation), [`security`]
 //! (`fencelock-security`: mutual TLS, caller identities and who may call
 //! what, per-tenant rate limits, private data directories;
-//! docs/security.md).
+//! docs/security.md) and [`status`] (`fencelock-status`: the status page's
+//! samples, rates, latencies and its HTML with charts).
 
 pub mod admin;
 pub mod admin_http;
@@ -62,10 +61,12 @@ pub use fencelock_router as router;
 /// `fencelock-security`; re-exported for the server's callers.
 pub use fencelock_security as security;
 pub mod service;
-pub mod status;
 /// The multi-Raft store loop lives in `fencelock-multiraft`; re-exported
 /// for the server's callers.
 pub use fencelock_multiraft as store;
+/// The status page (its view, history, charts and sampler) lives in
+/// `fencelock-status`; re-exported for the server's callers.
+pub use fencelock_status as status;
 /// The peer transport lives in `fencelock-transport`; re-exported for the
 /// server's callers.
 pub use fencelock_transport as transport;

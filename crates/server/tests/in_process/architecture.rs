@@ -85,13 +85,15 @@ fn the_state_machine_placement_codec_storage_and_router_never_depend_on_protobuf
 /// form) and the controller speaks to nodes through its `NodeApi` trait:
 /// both use `fencelock-api` without its `grpc` feature, so neither reaches
 /// tonic, HTTP or TLS, directly or through the API crate. The
-/// configuration crate builds on both and stays as free of the edge.
+/// configuration crate builds on both and stays as free of the edge, and
+/// so does the status page (only the admin port's wiring serves it).
 #[test]
 fn the_store_loop_and_the_controller_build_without_grpc_http_or_tls() {
     for krate in [
         "fencelock-multiraft",
         "fencelock-controller",
         "fencelock-config",
+        "fencelock-status",
     ] {
         let deps = normal_dependencies(krate);
         assert!(
@@ -194,6 +196,18 @@ fn the_crate_dependencies_only_point_down() {
                 "fencelock-api",
                 "fencelock-multiraft",
                 "fencelock-transport",
+            ],
+        ),
+        // The status page reads the contract's messages and asks nodes
+        // through the controller's `NodeApi`: no store, no RocksDB.
+        (
+            "fencelock-status",
+            &[
+                "fencelock-statemachine",
+                "fencelock-placement",
+                "fencelock-router",
+                "fencelock-api",
+                "fencelock-controller",
             ],
         ),
     ];

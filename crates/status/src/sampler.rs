@@ -10,11 +10,17 @@ use std::time::Duration;
 
 use super::history::{History, Sample};
 use super::STATUS_SAMPLE_MS;
-use crate::internal::NodeStatus;
-use crate::ops::{Ops, LIST_STATUS_TIMEOUT};
+use fencelock_api::internal::NodeStatus;
+use fencelock_controller::nodes::NodeApi;
+use fencelock_controller::ops::{Ops, LIST_STATUS_TIMEOUT};
 
-/// Samples until the task is aborted.
-pub fn spawn(ops: Ops, history: Arc<Mutex<History>>) -> tokio::task::JoinHandle<()> {
+/// Samples until the task is aborted. `wall_ms` is the node's wall clock
+/// (milliseconds since the epoch), which stamps each sample.
+pub fn spawn<N: NodeApi>(
+    ops: Ops<N>,
+    history: Arc<Mutex<History>>,
+    wall_ms: fn() -> u64,
+) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         let mut every = tokio::time::interval(Duration::from_millis(STATUS_SAMPLE_MS));
         // A slow fan-out delays the next look; it never queues a burst.
@@ -27,7 +33,7 @@ pub fn spawn(ops: Ops, history: Arc<Mutex<History>>) -> tokio::task::JoinHandle<
                 continue;
             };
             let statuses = ops.statuses_within(&map, LIST_STATUS_TIMEOUT).await;
-            let sample = sample_of(crate::store::wall_ms(), &statuses);
+            let sample = sample_of(wall_ms(), &statuses);
             // A poisoned lock still holds a usable history (a panic
             // elsewhere cannot leave a half-pushed sample).
             history
@@ -68,7 +74,7 @@ pub fn sample_of(at_ms: u64, statuses: &BTreeMap<u64, NodeStatus>) -> Sample {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::internal::{ReplicaStatus, RequestTotals};
+    use fencelock_api::internal::{ReplicaStatus, RequestTotals};
 
     fn leader(shard_id: u64, held_locks: u64) -> ReplicaStatus {
         ReplicaStatus {

@@ -5,7 +5,7 @@
 
 use std::collections::{BTreeMap, VecDeque};
 
-use crate::internal::RequestTotals;
+use fencelock_api::internal::RequestTotals;
 
 /// One look at the cluster.
 #[derive(Clone, Debug, Default, PartialEq)]
