@@ -91,6 +91,25 @@ chaos: deps
 	$(CARGO_TARGET_DIR)/debug/nemesis run --duration-secs $(CHAOS_SECS) \
 		--faults $(CHAOS_FAULTS) $(if $(CHAOS_SEED),--seed $(CHAOS_SEED))
 
+# A soak (docs/testing.md, "Soak"): SOAK_SECS of the chaos load plus a
+# seed-shaped background load (SOAK_RATE acquires a second, 10 × as many
+# leases held), one fault every SOAK_FAULT_EVERY_SECS; the whole history is
+# checked and every node's memory, open files and data directory must be
+# flat after the warm-up. SOAK_OUT keeps the history and resources.csv.
+SOAK_SECS ?= 3600
+SOAK_FAULT_EVERY_SECS ?= 180
+SOAK_FAULTS ?= all
+SOAK_RATE ?= 100
+SOAK_SEED ?=
+SOAK_OUT ?=
+.PHONY: soak
+soak: deps
+	$(CARGO) build --locked --workspace --all-targets
+	$(CARGO_TARGET_DIR)/debug/nemesis soak --duration-secs $(SOAK_SECS) \
+		--fault-every-secs $(SOAK_FAULT_EVERY_SECS) --faults $(SOAK_FAULTS) \
+		--rate $(SOAK_RATE) $(if $(SOAK_SEED),--seed $(SOAK_SEED)) \
+		$(if $(SOAK_OUT),--out $(SOAK_OUT))
+
 # ---- Fuzzing (fuzz/, docs/testing.md "Fuzzing") ---------------------------
 # Coverage-guided libFuzzer runs with cargo-fuzz, FUZZ_SECS seconds per
 # target (default 60), every target or the ones in FUZZ_TARGET

@@ -7,7 +7,8 @@
 //! * **Pure** — [`history`] (the operation model and its JSONL form),
 //!   [`check`] (one checker per safety or liveness property, each a function
 //!   of a history), [`schedule`] (which faults happen when, a function of a
-//!   seed), [`retry`] (which refusals a recording client retries) and
+//!   seed), [`retry`] (which refusals a recording client retries),
+//!   [`growth`] (whether a soak's resource samples are flat) and
 //!   [`report`]. No I/O, no clock: they are unit-tested on
 //!   hand-made histories, and a recorded history can be re-checked offline
 //!   with `nemesis check FILE`.
@@ -24,6 +25,7 @@
 pub mod check;
 pub mod clock;
 pub mod fence;
+pub mod growth;
 #[cfg(feature = "harness")]
 pub mod harness;
 pub mod history;

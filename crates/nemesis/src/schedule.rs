@@ -277,9 +277,57 @@ pub fn generate(seed: u64, duration_ms: u64, kinds: &[FaultKind], client_ttl_ms:
     steps
 }
 
+/// A soak's schedule: steps of [`generate`] for `seed`, one starting every
+/// `every_ms` (the quiet time after each fills the rest of its period, and
+/// is never shorter than the step's own gap), while the total stays within
+/// `duration_ms`. Unlike [`generate`], it does not promise every kind: a
+/// long run reaches them by chance, a short one may not.
+pub fn spaced(
+    seed: u64,
+    duration_ms: u64,
+    kinds: &[FaultKind],
+    client_ttl_ms: u64,
+    every_ms: u64,
+) -> Vec<Step> {
+    let mut total_ms = 0;
+    let mut out = Vec::new();
+    // As many steps of the dense schedule as the run can use; a step per
+    // period at most, so asking for its whole length is enough.
+    for mut step in generate(seed, duration_ms, kinds, client_ttl_ms) {
+        step.gap_ms = step.gap_ms.max(every_ms.saturating_sub(step.hold_ms));
+        if total_ms + step.duration_ms() > duration_ms {
+            break;
+        }
+        total_ms += step.duration_ms();
+        out.push(step);
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_soak_schedule_starts_one_step_per_period_within_the_duration() {
+        let every_ms = 60_000;
+        let duration_ms = 10 * every_ms;
+        let steps = spaced(11, duration_ms, &FaultKind::ALL, 2_000, every_ms);
+        assert!(!steps.is_empty());
+        let total: u64 = steps.iter().map(Step::duration_ms).sum();
+        assert!(total <= duration_ms, "{total} ms over {duration_ms}");
+        for step in &steps {
+            assert!(step.duration_ms() >= every_ms, "{step:?} starts early");
+            assert!(step.gap_ms >= MIN_GAP_MS);
+        }
+        // About one step per period: none are lost to the spacing.
+        assert!(steps.len() >= 8, "{} steps", steps.len());
+        // Same seed, same schedule.
+        assert_eq!(
+            steps,
+            spaced(11, duration_ms, &FaultKind::ALL, 2_000, every_ms)
+        );
+    }
 
     #[test]
     fn every_selected_kind_runs_at_least_once_even_in_a_short_run() {

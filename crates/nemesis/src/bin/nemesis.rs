@@ -3,6 +3,8 @@
 //!
 //! ```text
 //! nemesis run   [--seed N] [--duration-secs N] [--faults LIST] [--out DIR]
+//! nemesis soak  [--seed N] [--duration-secs N] [--fault-every-secs N]
+//!               [--faults LIST] [--rate N] [--out DIR]
 //! nemesis check HISTORY.jsonl [--liveness-bound-ms N]
 //! nemesis hold  ...            (started by the harness)
 //! ```
@@ -16,7 +18,7 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use fencelock_nemesis::check::{check_all, CheckConfig};
-use fencelock_nemesis::harness::{self, holder, run};
+use fencelock_nemesis::harness::{self, holder, run, soak};
 use fencelock_nemesis::history::{read_jsonl, History};
 use fencelock_nemesis::report::Report;
 use fencelock_nemesis::schedule::parse_kinds;
@@ -54,6 +56,34 @@ enum Cmd {
         /// Lock client tasks.
         #[arg(long, default_value_t = 6)]
         clients: u64,
+    },
+    /// Hours of load with a fault every few minutes: the whole history is
+    /// checked and every node's memory, open files and data directory must
+    /// be flat after the warm-up.
+    Soak {
+        /// Seed of the fault schedule (default: from the clock; printed).
+        #[arg(long, env = "FENCELOCK_SOAK_SEED")]
+        seed: Option<u64>,
+        /// Seconds of load and faults.
+        #[arg(long, env = "FENCELOCK_SOAK_SECS", default_value_t = 3_600)]
+        duration_secs: u64,
+        /// A fault step starts this often, in seconds.
+        #[arg(long, default_value_t = soak::DEFAULT_FAULT_EVERY_S)]
+        fault_every_secs: u64,
+        /// Seconds between resource samples.
+        #[arg(long, default_value_t = soak::DEFAULT_SAMPLE_EVERY_S)]
+        sample_every_secs: u64,
+        /// Comma-separated fault kinds, or `all`.
+        #[arg(long, default_value = "all")]
+        faults: String,
+        /// Acquires per second of the seed-shaped background load (renewals
+        /// and releases follow from it; 1,000 leases held per 100/s).
+        #[arg(long, default_value_t = 100.0)]
+        rate: f64,
+        /// Keep history, samples, configs, data and logs here (default: a
+        /// temporary directory, kept only if the soak fails).
+        #[arg(long)]
+        out: Option<PathBuf>,
     },
     /// Check a recorded history (JSONL) again.
     Check {
@@ -121,6 +151,60 @@ async fn async_main(cli: Cli) -> u8 {
             match run::run(&cfg).await {
                 Ok(result) => {
                     run::print_result(&cfg, &result);
+                    if result.passed() {
+                        0
+                    } else {
+                        EXIT_FAILED
+                    }
+                }
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    EXIT_USAGE
+                }
+            }
+        }
+        Cmd::Soak {
+            seed,
+            duration_secs,
+            fault_every_secs,
+            sample_every_secs,
+            faults,
+            rate,
+            out,
+        } => {
+            let kinds = match parse_kinds(&faults) {
+                Ok(k) => k,
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    return EXIT_USAGE;
+                }
+            };
+            if fault_every_secs == 0 || sample_every_secs == 0 || duration_secs == 0 {
+                eprintln!("error: the duration, --fault-every-secs and --sample-every-secs must be at least 1");
+                return EXIT_USAGE;
+            }
+            let bin = match harness::fencelock_bin() {
+                Ok(b) => b,
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    return EXIT_USAGE;
+                }
+            };
+            let me = std::env::current_exe().expect("own executable path");
+            let seed = seed.unwrap_or_else(fencelock_nemesis::clock::monotonic_ns);
+            let mut cfg = soak::SoakConfig::new(seed, Duration::from_secs(duration_secs), bin, me);
+            cfg.run.kinds = kinds;
+            cfg.run.out_dir = out;
+            cfg.fault_every = Duration::from_secs(fault_every_secs);
+            cfg.sample_every = Duration::from_secs(sample_every_secs);
+            let held = (rate * 10.0).round().max(1.0) as u32;
+            cfg.background.acquire_rate_per_s = rate;
+            cfg.background.held = held;
+            cfg.background.resources = held.saturating_mul(10);
+            println!("soak seed {seed}; replay with: {}", cfg.replay_command());
+            match soak::soak(&cfg).await {
+                Ok(result) => {
+                    soak::print_result(&cfg, &result);
                     if result.passed() {
                         0
                     } else {

@@ -9,6 +9,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use fencelock_api::v1::admin_service_client::AdminServiceClient;
@@ -74,6 +75,29 @@ pub struct Cluster {
     extra_config: String,
     /// Nodes that joined a running cluster (`join = true`).
     joined: Vec<u64>,
+    /// The pid of each node's running process, for observers that must not
+    /// hold the cluster (the soak's resource sampler).
+    pids: NodePids,
+}
+
+/// Each node's current process id (absent while killed), shared with
+/// observers; updated on every spawn, kill and reaped crash.
+#[derive(Clone, Debug, Default)]
+pub struct NodePids(Arc<Mutex<BTreeMap<u64, u32>>>);
+
+impl NodePids {
+    /// The running process of every node now.
+    pub fn now(&self) -> BTreeMap<u64, u32> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    fn set(&self, id: u64, pid: Option<u32>) {
+        let mut pids = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        match pid {
+            Some(pid) => pids.insert(id, pid),
+            None => pids.remove(&id),
+        };
+    }
 }
 
 /// Makes the child die (SIGKILL) when the harness dies, even by SIGKILL
@@ -139,6 +163,7 @@ impl Cluster {
             procs: BTreeMap::new(),
             extra_config,
             joined: Vec::new(),
+            pids: NodePids::default(),
         };
         for &id in &ids {
             cluster.write_config(id)?;
@@ -190,6 +215,17 @@ impl Cluster {
         Err(ClusterError::Admin(format!("adding node {id}: {last}")))
     }
 
+    /// Node `id`'s data directory.
+    pub fn data_dir(&self, id: u64) -> PathBuf {
+        self.dir.join(format!("data{id}"))
+    }
+
+    /// The process ids of the nodes, kept current as they are killed and
+    /// restarted.
+    pub fn pids(&self) -> NodePids {
+        self.pids.clone()
+    }
+
     fn config_path(&self, id: u64) -> PathBuf {
         self.dir.join(format!("node{id}.toml"))
     }
@@ -212,7 +248,7 @@ impl Cluster {
              # Fault-injection runs on one host: no TLS (docs/security.md).\n\
              [tls]\ninsecure = true\n{}",
             self.addr(id),
-            self.dir.join(format!("data{id}")).display(),
+            self.data_dir(id).display(),
             self.shard_count,
             peers.join(", "),
             self.extra_config,
@@ -249,6 +285,7 @@ impl Cluster {
             what: "spawn",
             source,
         })?;
+        self.pids.set(id, Some(child.id()));
         self.procs.insert(
             id,
             NodeProc {
@@ -288,6 +325,7 @@ impl Cluster {
                 let _ = child.wait();
             }
             p.state = NodeState::Killed;
+            self.pids.set(id, None);
         }
     }
 
@@ -353,6 +391,7 @@ impl Cluster {
             if let Some(child) = p.child.as_mut() {
                 if let Ok(Some(status)) = child.try_wait() {
                     out.push((*id, status.to_string()));
+                    self.pids.set(*id, None);
                     p.child = None;
                     p.state = NodeState::Killed;
                 }

@@ -88,6 +88,17 @@ impl LockClient {
         self.process
     }
 
+    /// Another client over the same connections (no new sockets), as
+    /// process `process`, recording into `recorder`.
+    pub fn sharing(&self, process: ProcessId, recorder: Recorder) -> LockClient {
+        LockClient {
+            process,
+            next: process as usize,
+            clients: self.clients.clone(),
+            recorder,
+        }
+    }
+
     /// Runs attempts on rotating nodes until a definite answer or the
     /// deadline.
     async fn attempts<T, F, Fut>(&mut self, extra_ms: u64, attempt: F) -> Ended<T>
@@ -284,7 +295,9 @@ impl LockClient {
         }
     }
 
-    pub async fn release(&mut self, resource: &str, lease_id: &[u8]) {
+    /// Releases; `Some(released)` on a definite answer (`false`: the lease
+    /// had already ended), `None` when none came or it is ambiguous.
+    pub async fn release(&mut self, resource: &str, lease_id: &[u8]) -> Option<bool> {
         self.recorder.invoke(
             self.process,
             Call::Release {
@@ -305,12 +318,21 @@ impl LockClient {
         match ended {
             // `false` after an attempt that may have released the lease says
             // nothing: that attempt may be what ended it.
-            Ended::Ok(false) if earlier_maybe_applied => self.recorder.unknown(
-                self.process,
-                "released=false after an ambiguous attempt".into(),
-            ),
-            Ended::Ok(released) => self.recorder.ok(self.process, Reply::Released { released }),
-            other => self.record_end(other),
+            Ended::Ok(false) if earlier_maybe_applied => {
+                self.recorder.unknown(
+                    self.process,
+                    "released=false after an ambiguous attempt".into(),
+                );
+                None
+            }
+            Ended::Ok(released) => {
+                self.recorder.ok(self.process, Reply::Released { released });
+                Some(released)
+            }
+            other => {
+                self.record_end(other);
+                None
+            }
         }
     }
 

@@ -17,7 +17,11 @@
 //! * [`run`] — one whole run: set up, load, faults, heal, check, report.
 //! * [`controller`] — the placement controller repairing and balancing by
 //!   itself under the same load and checks.
+//! * [`soak`] — hours of load with a fault every few minutes, the node
+//!   processes' memory, open files and disk sampled; [`background`] is its
+//!   steady seed-shaped load (measured, not recorded).
 
+pub mod background;
 pub mod cluster;
 pub mod controller;
 pub mod fence_server;
@@ -28,6 +32,7 @@ pub mod nemesis;
 pub mod netns;
 pub mod recorder;
 pub mod run;
+pub mod soak;
 pub mod workload;
 
 use std::path::PathBuf;

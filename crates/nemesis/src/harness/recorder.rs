@@ -18,8 +18,16 @@ use crate::history::{to_jsonl, Call, Event, Phase, ProcessId, Reply};
 
 #[derive(Clone)]
 pub struct Recorder {
-    /// `None`: write each event to stdout.
-    events: Option<Arc<Mutex<Vec<Event>>>>,
+    sink: Sink,
+}
+
+#[derive(Clone)]
+enum Sink {
+    Memory(Arc<Mutex<Vec<Event>>>),
+    /// Each event as a JSONL line on stdout (client processes).
+    Stdout,
+    /// Nowhere: load that is measured, not checked (the soak's background).
+    Discard,
 }
 
 impl Default for Recorder {
@@ -32,19 +40,27 @@ impl Recorder {
     /// Records in memory.
     pub fn new() -> Recorder {
         Recorder {
-            events: Some(Arc::default()),
+            sink: Sink::Memory(Arc::default()),
         }
     }
 
     /// Writes every event as a JSONL line on stdout (client processes).
     pub fn stdout() -> Recorder {
-        Recorder { events: None }
+        Recorder { sink: Sink::Stdout }
+    }
+
+    /// Keeps nothing: for load that is measured but not checked.
+    pub fn discard() -> Recorder {
+        Recorder {
+            sink: Sink::Discard,
+        }
     }
 
     fn push(&self, event: Event) {
-        match &self.events {
-            Some(events) => events.lock().unwrap_or_else(|e| e.into_inner()).push(event),
-            None => {
+        match &self.sink {
+            Sink::Memory(events) => events.lock().unwrap_or_else(|e| e.into_inner()).push(event),
+            Sink::Discard => {}
+            Sink::Stdout => {
                 let mut out = std::io::stdout().lock();
                 // The harness reads line by line; flush so a paused or
                 // killed process leaves whole lines only.
@@ -103,9 +119,9 @@ impl Recorder {
     /// Every event so far, in time order (stable, so one process's events
     /// keep their order when stamps tie).
     pub fn events(&self) -> Vec<Event> {
-        let mut events = match &self.events {
-            Some(events) => events.lock().unwrap_or_else(|e| e.into_inner()).clone(),
-            None => Vec::new(),
+        let mut events = match &self.sink {
+            Sink::Memory(events) => events.lock().unwrap_or_else(|e| e.into_inner()).clone(),
+            Sink::Stdout | Sink::Discard => Vec::new(),
         };
         events.sort_by_key(Event::time_ns);
         events

@@ -107,6 +107,8 @@ pub enum RunError {
     },
     #[error("the recorded history is malformed (a harness bug): {0}")]
     History(#[from] HistoryError),
+    #[error("bad run configuration: {0}")]
+    Config(String),
 }
 
 pub struct RunResult {
