@@ -118,6 +118,14 @@ pub struct NodeConfig {
     /// moves. `peers` then lists this node and at least one running member.
     #[serde(default)]
     pub join: bool,
+    /// The newest placement-log format this node says it reads, reported to
+    /// the controller (1..=[`fencelock_placement::PLACEMENT_FORMAT`], the
+    /// default). Commands of a newer format than some member reports are
+    /// refused cluster-wide. Setting it to 1 on upgraded nodes keeps every
+    /// committed entry readable by the previous release, so a downgrade
+    /// stays possible until it is removed (docs/operations.md, "Upgrades").
+    #[serde(default = "default_max_placement_format")]
+    pub max_placement_format: u32,
     /// Raft timing and the store loop's bounds.
     #[serde(default)]
     pub raft: RaftConfig,
@@ -243,6 +251,10 @@ impl LockConfig {
 
 fn default_replication_factor() -> u32 {
     3
+}
+
+fn default_max_placement_format() -> u32 {
+    fencelock_placement::PLACEMENT_FORMAT
 }
 
 fn default_shard_count() -> u32 {
@@ -461,6 +473,12 @@ impl NodeConfig {
         self.validate_identity()?;
         check_range("shard_count", self.shard_count, 1, MAX_SHARDS)?;
         check_range("replication_factor", self.replication_factor, 1, 7)?;
+        check_range(
+            "max_placement_format",
+            self.max_placement_format,
+            fencelock_placement::FIRST_PLACEMENT_FORMAT,
+            fencelock_placement::PLACEMENT_FORMAT,
+        )?;
         self.validate_raft()?;
         self.validate_lock()?;
         self.log.validate()?;
@@ -781,6 +799,7 @@ impl NodeConfig {
             shard_count: 4,
             replication_factor: 3,
             join: false,
+            max_placement_format: default_max_placement_format(),
             raft: RaftConfig::for_test(),
             lock: LockConfig::default(),
             log: LogConfig::default(),

@@ -44,6 +44,7 @@ pub const TOP_LEVEL_KEYS: &[&str] = &[
     "shard_count",
     "replication_factor",
     "join",
+    "max_placement_format",
 ];
 
 /// One key's value from outside the file.

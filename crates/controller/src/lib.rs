@@ -20,6 +20,8 @@
 //!   shard's write rate.
 //! * [`epochs`] — every shard's epoch raised above a floor (recovery
 //!   without token reuse).
+//! * [`formats`] — placement commands newer than the first release wait
+//!   until every member reads them (rolling upgrades).
 //! * [`handoff`] — a stopping node hands its leaderships to serving voters.
 //! * [`nodes`] — the I/O seam: the node-local calls the above are made of.
 //! * [`error`] — [`ControllerError`], with its wire reason and retry advice.
@@ -27,6 +29,7 @@
 pub mod act;
 pub mod epochs;
 pub mod error;
+pub mod formats;
 pub mod handoff;
 pub mod nodes;
 pub mod ops;

@@ -241,8 +241,20 @@ impl<N: NodeApi> Ops<N> {
     }
 
     /// Proposes a placement command to the meta shard. Not retried on an
-    /// unknown outcome: the caller decides from the map what happened.
+    /// unknown outcome: the caller decides from the map what happened. A
+    /// command newer than the first release's format is refused unless
+    /// every member reads it ([`crate::formats`]).
     pub async fn propose_meta(&self, command: PlacementCommand) -> Result<ProposeMetaResponse> {
+        if command.format() > fencelock_placement::FIRST_PLACEMENT_FORMAT {
+            let map = self.fresh_map().await?;
+            let reported: BTreeMap<u64, u32> = self
+                .statuses_within(&map, LIST_STATUS_TIMEOUT)
+                .await
+                .into_iter()
+                .map(|(node_id, s)| (node_id, s.placement_format))
+                .collect();
+            crate::formats::check_readable(&command, &map, &reported)?;
+        }
         let bytes = command.encode();
         let resp = self
             .at_leader(META_SHARD_ID, |leader| {

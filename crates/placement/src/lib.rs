@@ -30,12 +30,14 @@
 //! * [`types`] — node, shard and migration records, commands, replies.
 //! * [`map`] — the map and its `apply`.
 //! * [`codec`] — command and snapshot encodings.
+//! * [`format`] — the placement-log format each command needs.
 //! * [`view`] — the observed view, actions and `simulate`.
 //! * [`planner`] — balance and drain plans.
 //! * [`error`] — the one error type.
 
 pub mod codec;
 pub mod error;
+pub mod format;
 mod invariants;
 pub mod limits;
 pub mod map;
@@ -45,6 +47,7 @@ pub mod view;
 
 pub use codec::DecodeError;
 pub use error::PlacementError;
+pub use format::{FIRST_PLACEMENT_FORMAT, PLACEMENT_FORMAT};
 pub use limits::*;
 pub use map::PlacementMap;
 pub use planner::{

@@ -34,6 +34,8 @@ pub struct NodeControlImpl {
     status: Arc<Mutex<Vec<ShardStatus>>>,
     /// Read by `Status`: what the client-facing services answered.
     metrics: Arc<Metrics>,
+    /// The placement format `Status` reports (`max_placement_format`).
+    placement_format: u32,
 }
 
 impl NodeControlImpl {
@@ -43,13 +45,20 @@ impl NodeControlImpl {
         router: Arc<Router>,
         status: Arc<Mutex<Vec<ShardStatus>>>,
         metrics: Arc<Metrics>,
+        placement_format: u32,
     ) -> Self {
+        debug_assert!(
+            (fencelock_placement::FIRST_PLACEMENT_FORMAT..=fencelock_placement::PLACEMENT_FORMAT)
+                .contains(&placement_format),
+            "validated by the config: {placement_format}"
+        );
         NodeControlImpl {
             node_id,
             store,
             router,
             status,
             metrics,
+            placement_format,
         }
     }
 
@@ -223,6 +232,7 @@ impl NodeControl for NodeControlImpl {
             replicas,
             map_version: self.router.map_version(),
             requests: Some(self.metrics.requests.totals()),
+            placement_format: self.placement_format,
         }))
     }
 

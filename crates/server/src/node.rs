@@ -517,6 +517,7 @@ impl Node {
             router.clone(),
             status.clone(),
             metrics.clone(),
+            config.max_placement_format,
         );
         let ops = crate::ops::new(
             router.clone(),

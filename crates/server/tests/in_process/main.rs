@@ -18,3 +18,4 @@ mod hostile;
 mod repair;
 mod sharding;
 mod transport;
+mod upgrades;

@@ -1,0 +1,164 @@
+//! Placement commands newer than the first release's format are proposed
+//! only when every member reads them (`fencelock_placement::format`): a
+//! node still on an older build would refuse such an entry and stop, so in
+//! a rolling upgrade one `raise-epochs` could stop every node not yet
+//! upgraded. Pure: the caller observes the members' reported formats.
+
+use std::collections::BTreeMap;
+
+use fencelock_placement::format::reads;
+use fencelock_placement::{NodeState, PlacementCommand, PlacementMap, FIRST_PLACEMENT_FORMAT};
+
+use crate::error::{ControllerError, Result};
+
+/// Refuses `command` unless every member that will apply it or fetch the
+/// map reads its format. `reported` is each answering member's
+/// `NodeStatus.placement_format` (absent: it did not answer).
+///
+/// Not asked: nodes the map has `Down` (they are being emptied; one that
+/// returns on an old build stops at the entry, naming it), and, for the
+/// controller's own `Down` mark, the node marked and any other member that
+/// does not answer — the mark exists for unreachable nodes, and waiting
+/// for every one of them to answer would stall repair when two are gone.
+/// Any other member that does not answer refuses the command: what it runs
+/// is unknown.
+pub fn check_readable(
+    command: &PlacementCommand,
+    map: &PlacementMap,
+    reported: &BTreeMap<u64, u32>,
+) -> Result<()> {
+    let needs = command.format();
+    if needs <= FIRST_PLACEMENT_FORMAT {
+        return Ok(());
+    }
+    let marking_down = match command {
+        PlacementCommand::SetNodeState {
+            node_id,
+            state: NodeState::Down,
+        } => Some(*node_id),
+        _ => None,
+    };
+    for node in map.nodes() {
+        if node.state == NodeState::Down || marking_down == Some(node.node_id) {
+            continue;
+        }
+        match reported.get(&node.node_id).copied().map(reads) {
+            Some(r) if r >= needs => {}
+            None if marking_down.is_some() => {}
+            reads => {
+                return Err(ControllerError::FormatNotRead {
+                    node_id: node.node_id,
+                    reads,
+                    needs,
+                    command: command_name(command),
+                })
+            }
+        }
+    }
+    Ok(())
+}
+
+/// What the refusal calls the command (the operator's word for it).
+fn command_name(command: &PlacementCommand) -> &'static str {
+    match command {
+        PlacementCommand::SetNodeState { .. } => "marking a node DOWN",
+        PlacementCommand::SetSchedulerPaused { .. } => "pausing or resuming the scheduler",
+        PlacementCommand::RaiseEpochFloor { .. } => "raising the epoch floor",
+        _ => "this placement command",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fencelock_api::v1::Reason;
+
+    fn map_of(nodes: &[(u64, NodeState)]) -> PlacementMap {
+        let ids: Vec<u64> = nodes.iter().map(|n| n.0).collect();
+        let mut map = PlacementMap::bootstrap(
+            &ids.iter()
+                .map(|&id| (id, format!("10.0.0.{id}:7000")))
+                .collect::<Vec<_>>(),
+            2,
+            3,
+        )
+        .unwrap();
+        for &(node_id, state) in nodes {
+            if state != NodeState::Up {
+                map.apply(&PlacementCommand::SetNodeState { node_id, state })
+                    .unwrap();
+            }
+        }
+        map
+    }
+
+    const RAISE: PlacementCommand = PlacementCommand::RaiseEpochFloor { above_epoch: 7 };
+
+    #[test]
+    fn a_newer_command_waits_for_every_member_to_read_it() {
+        let map = map_of(&[(1, NodeState::Up), (2, NodeState::Up), (3, NodeState::Up)]);
+        let all_new = BTreeMap::from([(1, 2), (2, 2), (3, 2)]);
+        assert_eq!(check_readable(&RAISE, &map, &all_new), Ok(()));
+        // Node 3 still runs the previous release (it reports nothing).
+        let one_old = BTreeMap::from([(1, 2), (2, 2), (3, 0)]);
+        let err = check_readable(&RAISE, &map, &one_old).unwrap_err();
+        assert_eq!(
+            err,
+            ControllerError::FormatNotRead {
+                node_id: 3,
+                reads: Some(1),
+                needs: 2,
+                command: "raising the epoch floor"
+            }
+        );
+        assert_eq!(err.reason(), Reason::PlacementConflict);
+        assert!(err.to_string().contains("upgrade node 3"), "{err}");
+        assert!(
+            !err.is_retriable(),
+            "retrying cannot help until the upgrade"
+        );
+        // A member that does not answer: unknown, refused, worth a retry.
+        let silent = BTreeMap::from([(1, 2), (2, 2)]);
+        let err = check_readable(&RAISE, &map, &silent).unwrap_err();
+        assert!(err.to_string().contains("node 3 did not answer"), "{err}");
+        assert!(err.to_detail().retry_after_ms > 0);
+        // A member pinned to format 1 (`max_placement_format = 1`).
+        let pinned = BTreeMap::from([(1, 1), (2, 2), (3, 2)]);
+        assert!(check_readable(&RAISE, &map, &pinned).is_err());
+        // First-release commands never wait.
+        let add = PlacementCommand::AddNode {
+            node_id: 9,
+            addr: "10.0.0.9:7000".into(),
+        };
+        assert_eq!(check_readable(&add, &map, &BTreeMap::new()), Ok(()));
+    }
+
+    #[test]
+    fn marking_nodes_down_asks_only_the_members_that_answer() {
+        let map = map_of(&[
+            (1, NodeState::Up),
+            (2, NodeState::Up),
+            (3, NodeState::Up),
+            (4, NodeState::Up),
+            (5, NodeState::Down),
+        ]);
+        let mark = |node_id| PlacementCommand::SetNodeState {
+            node_id,
+            state: NodeState::Down,
+        };
+        // Nodes 3 and 4 are both gone; 5 is already DOWN.
+        let reported = BTreeMap::from([(1, 2), (2, 2)]);
+        assert_eq!(check_readable(&mark(3), &map, &reported), Ok(()));
+        // An answering member on the previous release still refuses it.
+        let old = BTreeMap::from([(1, 2), (2, 0)]);
+        let err = check_readable(&mark(3), &map, &old).unwrap_err();
+        assert!(matches!(
+            err,
+            ControllerError::FormatNotRead { node_id: 2, .. }
+        ));
+        assert!(err.to_string().contains("marking a node DOWN"), "{err}");
+        // Pausing is not a mark: the silent nodes refuse it.
+        let pause = PlacementCommand::SetSchedulerPaused { paused: true };
+        assert!(check_readable(&pause, &map, &reported).is_err());
+    }
+}
