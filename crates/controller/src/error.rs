@@ -13,9 +13,6 @@ use fencelock_placement::PlacementError;
 /// a step that ran out of time or an internal failure: the same 100 ms the
 /// server's own LEADER_UNKNOWN and INTERNAL answers advise.
 pub const CONTROLLER_RETRY_AFTER_MS: u64 = 100;
-/// How long to wait before asking again when a member did not say which
-/// placement format it reads: a node restarting takes seconds.
-pub const FORMAT_UNKNOWN_RETRY_AFTER_MS: u64 = 2_000;
 
 /// Why an operator action or a migration step did not complete.
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
@@ -49,33 +46,22 @@ pub enum ControllerError {
         message: String,
         retriable: bool,
     },
-    /// A placement command of a newer format than a member reads, or a
-    /// member that did not say what it reads (`reads: None`): nothing was
-    /// proposed ([`crate::formats`]).
-    #[error("{}", format_refusal(*.node_id, *.reads, *.needs, .command))]
+    /// A placement command of a newer format than a member reads: nothing
+    /// was proposed ([`crate::formats`]).
+    #[error(
+        "{command} needs placement format {needs}, and node {node_id} reads format {reads} \
+         (an older build, or max_placement_format = {reads}): upgrade node {node_id} \
+         (or remove its max_placement_format) first; nothing changed"
+    )]
     FormatNotRead {
         node_id: u64,
-        reads: Option<u32>,
+        reads: u32,
         needs: u32,
         command: &'static str,
     },
     /// A bug or a corrupt answer: something that should not happen did.
     #[error("internal error: {0}")]
     Internal(String),
-}
-
-fn format_refusal(node_id: u64, reads: Option<u32>, needs: u32, command: &str) -> String {
-    match reads {
-        Some(reads) => format!(
-            "{command} needs placement format {needs}, and node {node_id} reads format {reads} \
-             (an older build, or max_placement_format = {reads}): upgrade node {node_id} \
-             (or remove its max_placement_format) first; nothing changed"
-        ),
-        None => format!(
-            "{command} needs placement format {needs}, and node {node_id} did not answer to say \
-             what it reads; try again when it answers (or once it is DOWN); nothing changed"
-        ),
-    }
 }
 
 /// A controller result.
@@ -122,11 +108,6 @@ impl ControllerError {
             },
             ControllerError::Internal(_) => ErrorDetail {
                 retry_after_ms: CONTROLLER_RETRY_AFTER_MS,
-                ..base
-            },
-            ControllerError::FormatNotRead { reads: None, .. } => ErrorDetail {
-                retry: RetryPolicy::Backoff as i32,
-                retry_after_ms: FORMAT_UNKNOWN_RETRY_AFTER_MS,
                 ..base
             },
             ControllerError::Placement(_)

@@ -7,7 +7,7 @@
 //! an older build does not know: that build refuses the entry and stops
 //! (it never guesses), which in a rolling upgrade would stop every node
 //! not yet upgraded. So a command newer than format 1 is proposed only
-//! once every member of the map reports a build that reads it
+//! when no member of the map that answers reports an older build
 //! (`NodeStatus.placement_format`); the controller checks
 //! ([`fencelock-controller`'s `formats`]) and refuses otherwise, naming the
 //! node to upgrade.
