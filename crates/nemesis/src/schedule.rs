@@ -56,6 +56,13 @@ pub enum FaultKind {
     /// Failpoint: a node crashes installing the snapshot that a replica
     /// move sends it; restarted, it finishes the move.
     FpCrashInSnapshotInstall,
+    /// The busiest leader's disk fails every fsync with EIO (the disk-fault
+    /// layer): the node must stop at its next synced write, never go on
+    /// with an unknown disk; healed, it restarts from its data.
+    DiskEio,
+    /// One node that leads nothing, if there is one, gets a disk whose
+    /// syncs take 200 ms each: a slow follower, which the others outvote.
+    DiskSlow,
 }
 
 /// Kinds that act on the same thing and so never run in one step.
@@ -68,7 +75,7 @@ pub enum Family {
 }
 
 impl FaultKind {
-    pub const ALL: [FaultKind; 11] = [
+    pub const ALL: [FaultKind; 13] = [
         FaultKind::KillNode,
         FaultKind::KillLeaders,
         FaultKind::PauseNode,
@@ -80,6 +87,8 @@ impl FaultKind {
         FaultKind::TransferLeaders,
         FaultKind::MoveReplica,
         FaultKind::MigrateSlots,
+        FaultKind::DiskEio,
+        FaultKind::DiskSlow,
     ];
 
     /// The failpoint kinds: they need a `fencelock` binary built with the
@@ -110,6 +119,8 @@ impl FaultKind {
             FaultKind::FpDropReplies => "fp-drop-replies",
             FaultKind::FpSlowLeaderSync => "fp-slow-leader-sync",
             FaultKind::FpCrashInSnapshotInstall => "fp-crash-in-snapshot-install",
+            FaultKind::DiskEio => "disk-eio",
+            FaultKind::DiskSlow => "disk-slow",
         }
     }
 
@@ -120,7 +131,9 @@ impl FaultKind {
             | FaultKind::PauseNode
             | FaultKind::FpCrashAfterPersist
             | FaultKind::FpDropReplies
-            | FaultKind::FpCrashInSnapshotInstall => Family::NodeProcess,
+            | FaultKind::FpCrashInSnapshotInstall
+            | FaultKind::DiskEio
+            | FaultKind::DiskSlow => Family::NodeProcess,
             // It also cuts the network.
             FaultKind::FpSlowLeaderSync => Family::Network,
             FaultKind::PauseClient => Family::ClientProcess,
@@ -155,6 +168,8 @@ impl FaultKind {
             | FaultKind::FpDropReplies
             | FaultKind::FpSlowLeaderSync
             | FaultKind::FpCrashInSnapshotInstall => (3_000, 5_000),
+            FaultKind::DiskEio => (2_000, 4_000),
+            FaultKind::DiskSlow => (3_000, 6_000),
         }
     }
 }
@@ -166,7 +181,7 @@ impl fmt::Display for FaultKind {
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
-#[error("unknown fault kind {0:?}; known: kill-node, kill-leaders, pause-node, pause-client, isolate-node, isolate-leader, lose-majority, ring, transfer-leaders, move-replica, migrate-slots, or all; fp-crash-after-persist, fp-drop-replies, fp-slow-leader-sync, fp-crash-in-snapshot-install, or failpoints")]
+#[error("unknown fault kind {0:?}; known: kill-node, kill-leaders, pause-node, pause-client, isolate-node, isolate-leader, lose-majority, ring, transfer-leaders, move-replica, migrate-slots, disk-eio, disk-slow, or all; fp-crash-after-persist, fp-drop-replies, fp-slow-leader-sync, fp-crash-in-snapshot-install, or failpoints")]
 pub struct UnknownFault(pub String);
 
 impl FromStr for FaultKind {

@@ -44,6 +44,45 @@ pub enum ClusterError {
     NotReady { within_ms: u64, last: String },
     #[error("no node answered the admin call: {0}")]
     Admin(String),
+    #[error("the disk-fault layer could not be built (it needs a C compiler, `cc`): {0}")]
+    DiskFaultLayer(String),
+}
+
+/// What a node's disk does to calls that make data durable (the
+/// LD_PRELOAD layer in `crates/nemesis/faults/diskfault.c`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DiskFault {
+    Healthy,
+    /// fsync, fdatasync and sync_file_range fail with EIO.
+    Eio,
+    /// Each of them waits this many milliseconds first.
+    Slow {
+        delay_ms: u64,
+    },
+}
+
+/// The disk-fault layer's source, compiled into each run's directory.
+const DISK_FAULT_SOURCE: &str = include_str!("../../faults/diskfault.c");
+
+/// Builds the disk-fault layer into `dir`, returning the library's path.
+fn build_disk_fault_layer(dir: &Path) -> Result<PathBuf, ClusterError> {
+    let source = dir.join("diskfault.c");
+    let library = dir.join("libdiskfault.so");
+    std::fs::write(&source, DISK_FAULT_SOURCE)
+        .map_err(|e| ClusterError::DiskFaultLayer(format!("{}: {e}", source.display())))?;
+    let out = Command::new("cc")
+        .args(["-shared", "-fPIC", "-O2", "-o"])
+        .arg(&library)
+        .arg(&source)
+        .arg("-ldl")
+        .output()
+        .map_err(|e| ClusterError::DiskFaultLayer(format!("running cc: {e}")))?;
+    if !out.status.success() {
+        return Err(ClusterError::DiskFaultLayer(
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        ));
+    }
+    Ok(library)
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -78,6 +117,8 @@ pub struct Cluster {
     /// The pid of each node's running process, for observers that must not
     /// hold the cluster (the soak's resource sampler).
     pids: NodePids,
+    /// The disk-fault layer every node is started with.
+    disk_fault_layer: PathBuf,
 }
 
 /// Each node's current process id (absent while killed), shared with
@@ -154,6 +195,7 @@ impl Cluster {
         let ids: Vec<u64> = (1..=nodes).collect();
         let all: Vec<u64> = (1..=nodes + spares).collect();
         let net = Network::create(&all)?;
+        let disk_fault_layer = build_disk_fault_layer(dir)?;
         let mut cluster = Cluster {
             ids: ids.clone(),
             shard_count,
@@ -164,6 +206,7 @@ impl Cluster {
             extra_config,
             joined: Vec::new(),
             pids: NodePids::default(),
+            disk_fault_layer,
         };
         for &id in &ids {
             cluster.write_config(id)?;
@@ -226,6 +269,25 @@ impl Cluster {
         self.pids.clone()
     }
 
+    fn disk_fault_path(&self, id: u64) -> PathBuf {
+        self.dir.join(format!("disk{id}.fault"))
+    }
+
+    /// Makes node `id`'s disk behave as `fault` from its next sync on
+    /// (running or not: a restarted node keeps it until set back).
+    pub fn set_disk_fault(&self, id: u64, fault: DiskFault) -> Result<(), ClusterError> {
+        let verb = match fault {
+            DiskFault::Healthy => String::new(),
+            DiskFault::Eio => "eio".to_owned(),
+            DiskFault::Slow { delay_ms } => format!("delay {delay_ms}"),
+        };
+        std::fs::write(self.disk_fault_path(id), verb).map_err(|source| ClusterError::Io {
+            id,
+            what: "write the disk-fault control file",
+            source,
+        })
+    }
+
     fn config_path(&self, id: u64) -> PathBuf {
         self.dir.join(format!("node{id}.toml"))
     }
@@ -276,6 +338,8 @@ impl Cluster {
             .arg(self.config_path(id))
             .env("RUST_LOG", "warn")
             .env("FAILPOINTS", failpoints.unwrap_or_default())
+            .env("LD_PRELOAD", &self.disk_fault_layer)
+            .env("FENCELOCK_DISK_FAULT_FILE", self.disk_fault_path(id))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log);

@@ -17,7 +17,7 @@ use fencelock_api::v1::{
 use fencelock_statemachine::{slot_of, ResourceName};
 use tokio::sync::oneshot;
 
-use super::cluster::{Cluster, ClusterError, ADMIN_TIMEOUT_MS};
+use super::cluster::{Cluster, ClusterError, DiskFault, ADMIN_TIMEOUT_MS};
 use super::fence_server::FenceClient;
 use super::grudge;
 use super::holder::HolderProc;
@@ -34,6 +34,8 @@ pub const PAUSE_AFTER_GRANT_MS: u64 = 250;
 /// of a paused client's lock).
 pub const USURPER_FIRST_PROCESS: ProcessId = 9_000;
 
+/// How long each sync of a `disk-slow` node takes.
+pub const SLOW_DISK_DELAY_MS: u64 = 200;
 /// How the detail of a fault that could not be injected begins.
 const SKIPPED: &str = "skipped: ";
 
@@ -49,6 +51,12 @@ enum Active {
     Disarm {
         node: u64,
         partitioned: bool,
+    },
+    /// A disk fault to clear; with `must_stop`, the node was expected to
+    /// stop on it and is restarted from its data.
+    HealDisk {
+        node: u64,
+        must_stop: bool,
     },
     /// A replica move whose target was armed to crash on the snapshot:
     /// restart the target unarmed, then run the move again to finish it.
@@ -208,6 +216,56 @@ impl<'a> Nemesis<'a> {
             FaultKind::FpDropReplies => self.arm_leader(FP_DROP_REPLIES, pick, false).await,
             FaultKind::FpSlowLeaderSync => self.arm_leader(FP_SLOW_LEADER_SYNC, pick, true).await,
             FaultKind::FpCrashInSnapshotInstall => self.crash_in_snapshot_install(pick).await,
+            FaultKind::DiskEio => self.failing_disk().await,
+            FaultKind::DiskSlow => self.slow_disk(pick).await,
+        }
+    }
+
+    /// The busiest leader's fsyncs fail from now on.
+    async fn failing_disk(&mut self) -> (String, Active) {
+        let node = match self.cluster.busiest_leader().await {
+            Ok((node, _)) => node,
+            Err(e) => return (format!("{SKIPPED}{e}"), Active::Nothing),
+        };
+        match self.cluster.set_disk_fault(node, DiskFault::Eio) {
+            Ok(()) => (
+                format!("node {node}'s fsyncs fail with EIO"),
+                Active::HealDisk {
+                    node,
+                    must_stop: true,
+                },
+            ),
+            Err(e) => (format!("{SKIPPED}{e}"), Active::Nothing),
+        }
+    }
+
+    /// A running node that leads no shard (else any running node) gets a
+    /// disk whose syncs take [`SLOW_DISK_DELAY_MS`] each.
+    async fn slow_disk(&mut self, pick: u64) -> (String, Active) {
+        let running = self.cluster.running(pick);
+        let leaders: Vec<u64> = match self.cluster.shards().await {
+            Ok(shards) => shards.shards.iter().map(|s| s.leader_node_id).collect(),
+            Err(_) => Vec::new(),
+        };
+        let Some(&node) = running
+            .iter()
+            .find(|n| !leaders.contains(n))
+            .or(running.first())
+        else {
+            return (format!("{SKIPPED}no running node"), Active::Nothing);
+        };
+        let fault = DiskFault::Slow {
+            delay_ms: SLOW_DISK_DELAY_MS,
+        };
+        match self.cluster.set_disk_fault(node, fault) {
+            Ok(()) => (
+                format!("node {node}'s syncs take {SLOW_DISK_DELAY_MS} ms each"),
+                Active::HealDisk {
+                    node,
+                    must_stop: false,
+                },
+            ),
+            Err(e) => (format!("{SKIPPED}{e}"), Active::Nothing),
         }
     }
 
@@ -416,6 +474,29 @@ impl<'a> Nemesis<'a> {
                         }
                     ),
                     Err(e) => format!("{detail}node {node} restart failed: {e}"),
+                }
+            }
+            Active::HealDisk { node, must_stop } => {
+                let cleared = match self.cluster.set_disk_fault(node, DiskFault::Healthy) {
+                    Ok(()) => String::new(),
+                    Err(e) => format!("clearing the fault failed: {e}; "),
+                };
+                if !must_stop {
+                    return format!("{cleared}node {node}'s disk is fast again");
+                }
+                // Stopped on its failed fsync, as it must: reaped here, so
+                // it is not counted as a crash, and restarted.
+                let stopped = self.cluster.has_exited(node);
+                match self.cluster.restart_with(node, None) {
+                    Ok(()) => format!(
+                        "{cleared}node {node} {}; restarted from its data",
+                        if stopped {
+                            "stopped on the failed fsync"
+                        } else {
+                            "was still running (no synced write while its disk failed)"
+                        }
+                    ),
+                    Err(e) => format!("{cleared}node {node} restart failed: {e}"),
                 }
             }
             Active::FinishMove {
@@ -655,6 +736,9 @@ impl<'a> Nemesis<'a> {
     /// checker measures from.
     pub async fn heal_all(&mut self) -> Result<(), ClusterError> {
         self.cluster.network().heal()?;
+        for id in self.cluster.ids.clone() {
+            self.cluster.set_disk_fault(id, DiskFault::Healthy)?;
+        }
         self.collect_crashes();
         self.cluster.revive_all()?;
         for h in self.holders.iter_mut() {
