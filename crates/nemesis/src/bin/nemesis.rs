@@ -109,6 +109,27 @@ enum Cmd {
     },
 }
 
+/// What `run` and `soak` both need: the fault kinds, the `fencelock`
+/// binary, this binary (it runs the client processes) and the seed.
+fn setup(
+    faults: &str,
+    seed: Option<u64>,
+) -> Result<
+    (
+        Vec<fencelock_nemesis::schedule::FaultKind>,
+        PathBuf,
+        PathBuf,
+        u64,
+    ),
+    String,
+> {
+    let kinds = parse_kinds(faults).map_err(|e| e.to_string())?;
+    let bin = harness::fencelock_bin()?;
+    let me = std::env::current_exe().map_err(|e| format!("own executable path: {e}"))?;
+    let seed = seed.unwrap_or_else(fencelock_nemesis::clock::monotonic_ns);
+    Ok((kinds, bin, me, seed))
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -128,22 +149,13 @@ async fn async_main(cli: Cli) -> u8 {
             out,
             clients,
         } => {
-            let kinds = match parse_kinds(&faults) {
-                Ok(k) => k,
+            let (kinds, bin, me, seed) = match setup(&faults, seed) {
+                Ok(s) => s,
                 Err(e) => {
                     eprintln!("error: {e}");
                     return EXIT_USAGE;
                 }
             };
-            let bin = match harness::fencelock_bin() {
-                Ok(b) => b,
-                Err(e) => {
-                    eprintln!("error: {e}");
-                    return EXIT_USAGE;
-                }
-            };
-            let me = std::env::current_exe().expect("own executable path");
-            let seed = seed.unwrap_or_else(fencelock_nemesis::clock::monotonic_ns);
             let mut cfg = run::RunConfig::new(seed, Duration::from_secs(duration_secs), bin, me);
             cfg.kinds = kinds;
             cfg.out_dir = out;
@@ -172,26 +184,17 @@ async fn async_main(cli: Cli) -> u8 {
             rate,
             out,
         } => {
-            let kinds = match parse_kinds(&faults) {
-                Ok(k) => k,
-                Err(e) => {
-                    eprintln!("error: {e}");
-                    return EXIT_USAGE;
-                }
-            };
             if fault_every_secs == 0 || sample_every_secs == 0 || duration_secs == 0 {
                 eprintln!("error: the duration, --fault-every-secs and --sample-every-secs must be at least 1");
                 return EXIT_USAGE;
             }
-            let bin = match harness::fencelock_bin() {
-                Ok(b) => b,
+            let (kinds, bin, me, seed) = match setup(&faults, seed) {
+                Ok(s) => s,
                 Err(e) => {
                     eprintln!("error: {e}");
                     return EXIT_USAGE;
                 }
             };
-            let me = std::env::current_exe().expect("own executable path");
-            let seed = seed.unwrap_or_else(fencelock_nemesis::clock::monotonic_ns);
             let mut cfg = soak::SoakConfig::new(seed, Duration::from_secs(duration_secs), bin, me);
             cfg.run.kinds = kinds;
             cfg.run.out_dir = out;

@@ -18,7 +18,7 @@ use crate::check::{check_all, CheckConfig};
 use crate::fence::{FenceMode, FencedResource};
 use crate::history::{write_jsonl, History, HistoryError, ProcessId};
 use crate::report::Report;
-use crate::schedule::{self, FaultKind};
+use crate::schedule::{self, FaultKind, Step};
 
 /// How long the cluster may take to elect every shard's first leader.
 pub const STARTUP_TIMEOUT_MS: u64 = 60_000;
@@ -147,36 +147,51 @@ pub async fn run(cfg: &RunConfig) -> Result<RunResult, RunError> {
     );
     let mut cluster = Cluster::start(&cfg.fencelock_bin, &dir, cfg.nodes, cfg.shard_count)?;
     let mut load = Load::start(cfg, &cluster).await?;
-    let crashes = {
-        let mut nemesis = Nemesis::new(
-            &mut cluster,
-            &mut load.holders,
-            load.recorder.clone(),
-            load.fence_addr.clone(),
-            load.resources.clone(),
-        );
-        for (i, step) in steps.iter().enumerate() {
-            let kinds: Vec<&str> = step.kinds.iter().map(|k| k.name()).collect();
-            eprintln!(
-                "nemesis: step {}/{}: {} for {} ms",
-                i + 1,
-                steps.len(),
-                kinds.join(" + "),
-                step.hold_ms
-            );
-            nemesis.run_step(step).await;
-        }
-        nemesis.heal_all().await?;
-        if let Err(e) = nemesis
-            .finish_migration(Duration::from_millis(FINISH_MIGRATION_MS))
-            .await
-        {
-            eprintln!("nemesis: could not finish an interrupted migration: {e}");
-        }
-        tokio::time::sleep(Duration::from_millis(SETTLE_MS)).await;
-        nemesis.crashes.clone()
-    };
+    let crashes = inject(&mut cluster, &mut load, &steps, None).await?;
     load.finish(cfg, cluster, dir, temporary, crashes).await
+}
+
+/// Runs `steps` against the loaded cluster, then (once `until`, if given,
+/// has passed) heals everything, finishes an interrupted migration and lets
+/// the load settle. Returns the nodes that exited by themselves.
+pub(crate) async fn inject(
+    cluster: &mut Cluster,
+    load: &mut Load,
+    steps: &[Step],
+    until: Option<tokio::time::Instant>,
+) -> Result<Vec<(u64, String)>, RunError> {
+    let started = tokio::time::Instant::now();
+    let mut nemesis = Nemesis::new(
+        cluster,
+        &mut load.holders,
+        load.recorder.clone(),
+        load.fence_addr.clone(),
+        load.resources.clone(),
+    );
+    for (i, step) in steps.iter().enumerate() {
+        let kinds: Vec<&str> = step.kinds.iter().map(|k| k.name()).collect();
+        eprintln!(
+            "nemesis: {:>5} s, step {}/{}: {} for {} ms",
+            started.elapsed().as_secs(),
+            i + 1,
+            steps.len(),
+            kinds.join(" + "),
+            step.hold_ms
+        );
+        nemesis.run_step(step).await;
+    }
+    if let Some(until) = until {
+        tokio::time::sleep_until(until).await;
+    }
+    nemesis.heal_all().await?;
+    if let Err(e) = nemesis
+        .finish_migration(Duration::from_millis(FINISH_MIGRATION_MS))
+        .await
+    {
+        eprintln!("nemesis: could not finish an interrupted migration: {e}");
+    }
+    tokio::time::sleep(Duration::from_millis(SETTLE_MS)).await;
+    Ok(nemesis.crashes.clone())
 }
 
 /// The run's output directory, and whether it is a temporary one.

@@ -15,8 +15,7 @@ use tokio::time::Instant;
 
 use super::background::{Background, BackgroundConfig, BackgroundReport};
 use super::cluster::{Cluster, NodePids};
-use super::nemesis::Nemesis;
-use super::run::{self, Load, RunConfig, RunError, RunResult, FINISH_MIGRATION_MS, SETTLE_MS};
+use super::run::{self, Load, RunConfig, RunError, RunResult};
 use crate::growth::{assess, Growth, Sample};
 use crate::schedule;
 
@@ -121,38 +120,14 @@ pub async fn soak(cfg: &SoakConfig) -> Result<SoakResult, RunError> {
         .map(|&id| (id, cluster.data_dir(id)))
         .collect();
     let sampler = Sampler::start(cluster.pids(), data_dirs, cfg.sample_every, started);
-    let crashes = {
-        let mut nemesis = Nemesis::new(
-            &mut cluster,
-            &mut load.holders,
-            load.recorder.clone(),
-            load.fence_addr.clone(),
-            load.resources.clone(),
-        );
-        for (i, step) in steps.iter().enumerate() {
-            let kinds: Vec<&str> = step.kinds.iter().map(|k| k.name()).collect();
-            eprintln!(
-                "soak: {:>5} s, step {}/{}: {} for {} ms",
-                started.elapsed().as_secs(),
-                i + 1,
-                steps.len(),
-                kinds.join(" + "),
-                step.hold_ms
-            );
-            nemesis.run_step(step).await;
-        }
-        // The steps end within the duration; the load runs its whole length.
-        tokio::time::sleep_until(started + cfg.run.duration).await;
-        nemesis.heal_all().await?;
-        if let Err(e) = nemesis
-            .finish_migration(Duration::from_millis(FINISH_MIGRATION_MS))
-            .await
-        {
-            eprintln!("soak: could not finish an interrupted migration: {e}");
-        }
-        tokio::time::sleep(Duration::from_millis(SETTLE_MS)).await;
-        nemesis.crashes.clone()
-    };
+    // The steps end within the duration; the load runs its whole length.
+    let crashes = run::inject(
+        &mut cluster,
+        &mut load,
+        &steps,
+        Some(started + cfg.run.duration),
+    )
+    .await?;
     let loaded_for = started.elapsed();
     let background = background
         .finish(Duration::from_millis(BACKGROUND_GRACE_MS))

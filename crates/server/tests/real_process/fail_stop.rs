@@ -11,11 +11,10 @@ use std::os::unix::process::ExitStatusExt;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-#[test]
-fn a_panic_on_the_store_thread_stops_the_whole_node() {
-    let dir = tempfile::tempdir().unwrap();
+/// A one-node, one-shard cluster's config in `dir`, and its port.
+fn single_node_config(dir: &std::path::Path) -> (std::path::PathBuf, u16) {
     let port = common::free_port();
-    let config = dir.path().join("node.toml");
+    let config = dir.join("node.toml");
     std::fs::write(
         &config,
         format!(
@@ -25,6 +24,13 @@ fn a_panic_on_the_store_thread_stops_the_whole_node() {
         ),
     )
     .unwrap();
+    (config, port)
+}
+
+#[test]
+fn a_panic_on_the_store_thread_stops_the_whole_node() {
+    let dir = tempfile::tempdir().unwrap();
+    let (config, _port) = single_node_config(dir.path());
     let stderr_path = dir.path().join("stderr.log");
     // The first synced write of a Ready panics on the store thread.
     let mut child = Command::new(common::fencelock_bin())
@@ -94,17 +100,7 @@ async fn a_node_whose_fsync_fails_stops_without_answering_and_restarts_from_its_
     let layer = disk_fault_layer(dir.path());
     let control = dir.path().join("disk.fault");
     std::fs::write(&control, "").unwrap();
-    let port = common::free_port();
-    let config = dir.path().join("node.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "node_id = 1\nlisten_addr = \"127.0.0.1:{port}\"\ndata_dir = \"data\"\n\
-             peers = [{{ id = 1, addr = \"127.0.0.1:{port}\" }}]\n\
-             shard_count = 1\nreplication_factor = 1\n\n[tls]\ninsecure = true\n"
-        ),
-    )
-    .unwrap();
+    let (config, port) = single_node_config(dir.path());
     let stderr_path = dir.path().join("stderr.log");
     let start = || {
         Command::new(common::fencelock_bin())
