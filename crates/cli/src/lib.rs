@@ -37,6 +37,11 @@ pub const EXIT_USAGE: u8 = 2;
 pub const EXIT_UNAVAILABLE: u8 = 3;
 /// Any other failure.
 pub const EXIT_OTHER: u8 = 4;
+/// `serve` only: the data directory is damaged and the node refused to run
+/// on it. Restarting will not help (a supervisor should not retry: the
+/// systemd unit lists it in `RestartPreventExitStatus`); the recovery is to
+/// replace the node's replicas from their peers. 6, not 5: `lock` uses 5.
+pub const EXIT_DAMAGED: u8 = 6;
 
 /// Where the client commands look for the cluster when no endpoint is given.
 pub const DEFAULT_ENDPOINT: &str = "http://127.0.0.1:7001";
@@ -71,7 +76,10 @@ Exit codes:
   3  unavailable: no server reachable, no leader, no quorum, or a deadline
      passed, after retries (the outcome of a write may be unknown: retry an
      acquire with the same --request-id)
-  4  any other error";
+  4  any other error
+  6  serve: the data directory is damaged and the node refused to start on
+     it; restarting will not help (docs/operations.md, \"Replace a node whose
+     disk was lost\")";
 
 /// fencelock: a distributed lock service with fencing tokens.
 #[derive(Debug, Parser)]
@@ -363,6 +371,7 @@ async fn serve(path: &Path, args: &OverrideArgs) -> u8 {
             eprintln!("error: node {node_id} failed to start: {e}");
             return match e {
                 ServerError::Config(_) => EXIT_USAGE,
+                ServerError::Damaged(_) => EXIT_DAMAGED,
                 _ => EXIT_OTHER,
             };
         }

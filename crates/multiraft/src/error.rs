@@ -54,6 +54,10 @@ pub enum StoreError {
     /// The engine failed to read or write.
     #[error("storage error: {0}")]
     Storage(String),
+    /// The data directory is damaged (`fencelock_storage::Error::is_damage`):
+    /// the node must not run on it. The text says the recovery.
+    #[error("{0}")]
+    Damaged(String),
     /// A bug: something that should not happen did.
     #[error("internal error: {0}")]
     Internal(String),
@@ -73,6 +77,16 @@ fn leader_note(leader: &Option<LeaderInfo>) -> String {
 }
 
 impl StoreError {
+    /// A storage error as a store error: damage keeps its own variant, so a
+    /// node that finds it at start can say so (and exit as damaged).
+    pub fn from_storage(e: fencelock_storage::Error) -> Self {
+        if e.is_damage() {
+            StoreError::Damaged(e.to_string())
+        } else {
+            StoreError::Storage(e.to_string())
+        }
+    }
+
     /// The wire reason of this error.
     pub fn reason(&self) -> Reason {
         match self {
@@ -86,7 +100,9 @@ impl StoreError {
             StoreError::InvalidArgument { field, .. } => invalid_argument_reason(field),
             StoreError::WaitTimedOut => Reason::WaitTimedOut,
             StoreError::WaitCancelled => Reason::WaitCancelled,
-            StoreError::Storage(_) | StoreError::Internal(_) => Reason::Internal,
+            StoreError::Storage(_) | StoreError::Damaged(_) | StoreError::Internal(_) => {
+                Reason::Internal
+            }
             StoreError::ShardNotHere { .. } => Reason::ShardNotFound,
             StoreError::Placement(e) => placement_reason(e),
         }
@@ -143,10 +159,12 @@ impl StoreError {
                 field: (*field).to_owned(),
                 ..base
             },
-            StoreError::Storage(_) | StoreError::Internal(_) => ErrorDetail {
-                retry_after_ms: INTERNAL_RETRY_AFTER_MS,
-                ..base
-            },
+            StoreError::Storage(_) | StoreError::Damaged(_) | StoreError::Internal(_) => {
+                ErrorDetail {
+                    retry_after_ms: INTERNAL_RETRY_AFTER_MS,
+                    ..base
+                }
+            }
             StoreError::ShuttingDown
             | StoreError::WaitTimedOut
             | StoreError::WaitCancelled

@@ -87,7 +87,7 @@ pub(crate) fn bootstrap_batch(
     placement: Option<&PlacementMap>,
     batch: &mut WriteBatch,
 ) -> Result<ShardStorage<dyn Engine>, StoreError> {
-    let storage_err = |e: fencelock_storage::Error| StoreError::Storage(e.to_string());
+    let storage_err = StoreError::from_storage;
     fencelock_storage::meta::register_shard(batch, shard_id);
     let mut st = ShardStorage::open(engine.clone(), shard_id).map_err(storage_err)?;
     let mut snap = raft::prelude::Snapshot::default();
@@ -110,7 +110,7 @@ impl Store {
         shard_id: u64,
         storage: ShardStorage<dyn Engine>,
     ) -> Result<(), StoreError> {
-        let storage_err = |e: fencelock_storage::Error| StoreError::Storage(e.to_string());
+        let storage_err = StoreError::from_storage;
         // The saved snapshot's size is reported as the shard's snapshot
         // bytes from the start, not only after the next one is taken.
         let (table, placement, applied, applied_term, snapshot_bytes) = match storage
@@ -191,7 +191,7 @@ impl Store {
         if self.peers.contains_key(&shard_id) {
             return Ok(());
         }
-        let storage_err = |e: fencelock_storage::Error| StoreError::Storage(e.to_string());
+        let storage_err = StoreError::from_storage;
         let mut batch = WriteBatch::new();
         let mut storage = match init {
             PeerInit::Empty => {
@@ -247,7 +247,7 @@ impl Store {
         peer.raw
             .mut_store()
             .destroy(&mut batch)
-            .map_err(|e| StoreError::Storage(e.to_string()))?;
+            .map_err(StoreError::from_storage)?;
         fencelock_storage::meta::unregister_shard(&mut batch, shard_id);
         self.write_or_die(&batch, true);
         peer.raw.mut_store().on_persisted();

@@ -98,7 +98,7 @@ impl Store {
                 }
             });
         }
-        let storage_err = |e: fencelock_storage::Error| StoreError::Storage(e.to_string());
+        let storage_err = StoreError::from_storage;
         let node_id = config.node_id;
         let ident = meta::load_ident(engine.as_ref()).map_err(storage_err)?;
         if ident.is_none() {

@@ -63,6 +63,12 @@ pub enum FaultKind {
     /// One node that leads nothing, if there is one, gets a disk whose
     /// syncs take 200 ms each: a slow follower, which the others outvote.
     DiskSlow,
+    /// A node is killed and a record in the middle of its RocksDB log is
+    /// garbled (a bad sector): restarted, it must refuse to run on it,
+    /// naming the file (exit 6), never open without what it acknowledged.
+    /// Healed with the copy taken before the damage (what replacing it from
+    /// its peers would give it back, without the hour that takes).
+    DiskCorrupt,
 }
 
 /// Kinds that act on the same thing and so never run in one step.
@@ -75,7 +81,7 @@ pub enum Family {
 }
 
 impl FaultKind {
-    pub const ALL: [FaultKind; 13] = [
+    pub const ALL: [FaultKind; 14] = [
         FaultKind::KillNode,
         FaultKind::KillLeaders,
         FaultKind::PauseNode,
@@ -89,6 +95,7 @@ impl FaultKind {
         FaultKind::MigrateSlots,
         FaultKind::DiskEio,
         FaultKind::DiskSlow,
+        FaultKind::DiskCorrupt,
     ];
 
     /// The failpoint kinds: they need a `fencelock` binary built with the
@@ -121,6 +128,7 @@ impl FaultKind {
             FaultKind::FpCrashInSnapshotInstall => "fp-crash-in-snapshot-install",
             FaultKind::DiskEio => "disk-eio",
             FaultKind::DiskSlow => "disk-slow",
+            FaultKind::DiskCorrupt => "disk-corrupt",
         }
     }
 
@@ -133,7 +141,8 @@ impl FaultKind {
             | FaultKind::FpDropReplies
             | FaultKind::FpCrashInSnapshotInstall
             | FaultKind::DiskEio
-            | FaultKind::DiskSlow => Family::NodeProcess,
+            | FaultKind::DiskSlow
+            | FaultKind::DiskCorrupt => Family::NodeProcess,
             // It also cuts the network.
             FaultKind::FpSlowLeaderSync => Family::Network,
             FaultKind::PauseClient => Family::ClientProcess,
@@ -170,6 +179,8 @@ impl FaultKind {
             | FaultKind::FpCrashInSnapshotInstall => (3_000, 5_000),
             FaultKind::DiskEio => (2_000, 4_000),
             FaultKind::DiskSlow => (3_000, 6_000),
+            // Down like a killed node meanwhile.
+            FaultKind::DiskCorrupt => (1_500, 4_000),
         }
     }
 }
@@ -181,7 +192,7 @@ impl fmt::Display for FaultKind {
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
-#[error("unknown fault kind {0:?}; known: kill-node, kill-leaders, pause-node, pause-client, isolate-node, isolate-leader, lose-majority, ring, transfer-leaders, move-replica, migrate-slots, disk-eio, disk-slow, or all; fp-crash-after-persist, fp-drop-replies, fp-slow-leader-sync, fp-crash-in-snapshot-install, or failpoints")]
+#[error("unknown fault kind {0:?}; known: kill-node, kill-leaders, pause-node, pause-client, isolate-node, isolate-leader, lose-majority, ring, transfer-leaders, move-replica, migrate-slots, disk-eio, disk-slow, disk-corrupt, or all; fp-crash-after-persist, fp-drop-replies, fp-slow-leader-sync, fp-crash-in-snapshot-install, or failpoints")]
 pub struct UnknownFault(pub String);
 
 impl FromStr for FaultKind {

@@ -26,7 +26,7 @@ async fn a_node_killed_for_good_is_replaced_a_joined_node_fills_up_and_a_hot_sha
     // random fault schedule of `make chaos`, which this run does not use.
     print!("{}", result.run.report);
     for (node, status) in &result.run.crashes {
-        println!("CRASH: node {node} exited by itself: {status}");
+        println!("NODE FAILURE: node {node} {status}");
     }
     println!(
         "killed node {}; repaired after {:?} ms (bound {} ms); balanced after {:?} ms; \

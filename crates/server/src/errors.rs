@@ -78,6 +78,10 @@ pub enum ServerError {
     /// The store failed to read or write.
     #[error("storage error: {0}")]
     Storage(String),
+    /// The data directory is damaged: the node must not run on it. The text
+    /// names the file and the recovery.
+    #[error("{0}")]
+    Damaged(String),
     /// The node's configuration is invalid.
     #[error("configuration error: {0}")]
     Config(#[from] ConfigError),
@@ -142,6 +146,7 @@ impl From<StoreError> for ServerError {
             S::WaitTimedOut => ServerError::WaitTimedOut,
             S::WaitCancelled => ServerError::WaitCancelled,
             S::Storage(e) => ServerError::Storage(e),
+            S::Damaged(e) => ServerError::Damaged(e),
             S::Internal(e) => ServerError::Internal(e),
             S::ShardNotHere { shard_id } => ServerError::ShardNotHere { shard_id },
             S::Placement(e) => ServerError::Placement(e),
@@ -187,6 +192,7 @@ impl ServerError {
             ServerError::WaitTimedOut => S::WaitTimedOut,
             ServerError::WaitCancelled => S::WaitCancelled,
             ServerError::Storage(e) => S::Storage(e.clone()),
+            ServerError::Damaged(e) => S::Damaged(e.clone()),
             ServerError::Internal(e) => S::Internal(e.clone()),
             ServerError::ShardNotHere { shard_id } => S::ShardNotHere {
                 shard_id: *shard_id,

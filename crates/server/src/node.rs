@@ -427,10 +427,13 @@ impl Node {
         crate::security::prepare_data_dir(&config.data_dir)
             .map_err(|e| ServerError::Security(e.to_string()))?;
         let tls = load_tls(&config)?;
-        let engine = Arc::new(
-            RocksEngine::open(config.data_dir.join("db"))
-                .map_err(|e| ServerError::Storage(e.to_string()))?,
-        );
+        let engine = Arc::new(RocksEngine::open(config.data_dir.join("db")).map_err(|e| {
+            if e.is_damage() {
+                ServerError::Damaged(e.to_string())
+            } else {
+                ServerError::Storage(e.to_string())
+            }
+        })?);
         let listener = tokio::net::TcpListener::bind(&config.listen_addr)
             .await
             .map_err(|e| listen_error("listen_addr", &config.listen_addr, &e))?;

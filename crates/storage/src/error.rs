@@ -13,13 +13,28 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 /// Every failure of the storage layer.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    /// RocksDB reported an error (I/O, corruption it detected itself, ...).
+    /// RocksDB reported an error other than damage (I/O, a full disk, ...).
     #[error("rocksdb: {0}")]
-    Rocks(#[from] rocksdb::Error),
+    Rocks(rocksdb::Error),
+
+    /// RocksDB found the data directory damaged: a checksum that does not
+    /// match, a file shorter than the manifest says, a log record broken
+    /// before the log's end. What it held cannot be trusted, so the node
+    /// must not run on it (see [`DAMAGE_RECOVERY`]).
+    #[error("the data directory is damaged{}: {detail}. {DAMAGE_RECOVERY}", file_note(.file))]
+    Damaged {
+        /// The damaged file, when RocksDB's message names one.
+        file: Option<String>,
+        /// RocksDB's own description.
+        detail: String,
+    },
 
     /// Bytes on disk do not decode into what the layout says must be there.
     /// Never a panic: a node with a damaged store must be able to report it.
-    #[error("corrupt data in cf {cf} at key {}: {reason}", hex(key))]
+    #[error(
+        "corrupt data in cf {cf} at key {}: {reason}. {DAMAGE_RECOVERY}",
+        hex(key)
+    )]
     Corruption {
         /// Column family of the bad record.
         cf: Cf,
@@ -157,7 +172,55 @@ pub enum Error {
     MetaMismatch(String),
 }
 
+/// What to do about a damaged data directory, said wherever one is found.
+/// A replica that lost or garbled part of what it acknowledged may vote as
+/// if it remembered entries it does not have, so repairing the files in
+/// place (or deleting the bad one to make RocksDB start) is never the fix.
+pub const DAMAGE_RECOVERY: &str = "Do not edit or delete files to make the node start: \
+     keep the directory for forensics and replace this node's replicas from their peers \
+     (docs/operations.md, \"Replace a node whose disk was lost\")";
+
+impl From<rocksdb::Error> for Error {
+    fn from(e: rocksdb::Error) -> Self {
+        if e.kind() != rocksdb::ErrorKind::Corruption {
+            return Error::Rocks(e);
+        }
+        let detail = e.into_string();
+        Error::Damaged {
+            file: damaged_file(&detail),
+            detail,
+        }
+    }
+}
+
+/// The RocksDB file a corruption message names: the first word that is a
+/// table (`NNNNNN.sst`), a log (`NNNNNN.log`), a `MANIFEST-NNNNNN`, or
+/// `CURRENT`/`OPTIONS-NNNNNN`, with whatever directory RocksDB put before it.
+pub fn damaged_file(message: &str) -> Option<String> {
+    message
+        .split(|c: char| c.is_whitespace() || c == ',' || c == ';' || c == '\'' || c == '"')
+        .map(|word| word.trim_end_matches([':', '.', ')']))
+        .find(|word| {
+            let name = word.rsplit('/').next().unwrap_or(word);
+            let numbered =
+                |stem: &str| !stem.is_empty() && stem.bytes().all(|b| b.is_ascii_digit());
+            name.strip_suffix(".sst").is_some_and(numbered)
+                || name.strip_suffix(".log").is_some_and(numbered)
+                || name.strip_prefix("MANIFEST-").is_some_and(numbered)
+                || name.strip_prefix("OPTIONS-").is_some_and(numbered)
+                || name == "CURRENT"
+        })
+        .map(str::to_string)
+}
+
 impl Error {
+    /// Whether this error means the data directory itself is damaged (as
+    /// opposed to an I/O failure now, or a bug): a node must refuse to start
+    /// on it, and say [`DAMAGE_RECOVERY`].
+    pub fn is_damage(&self) -> bool {
+        matches!(self, Error::Damaged { .. } | Error::Corruption { .. })
+    }
+
     /// Builds a [`Error::Corruption`].
     pub fn corruption(cf: Cf, key: &[u8], reason: impl Into<String>) -> Self {
         Error::Corruption {
@@ -183,6 +246,13 @@ impl From<Error> for raft::Error {
     }
 }
 
+fn file_note(file: &Option<String>) -> String {
+    match file {
+        Some(f) => format!(" ({f})"),
+        None => String::new(),
+    }
+}
+
 fn hex(bytes: &[u8]) -> String {
     use std::fmt::Write;
     let mut out = String::with_capacity(bytes.len() * 2);
@@ -191,4 +261,56 @@ fn hex(bytes: &[u8]) -> String {
         let _ = write!(out, "{b:02x}");
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_damaged_file_is_found_in_rocksdbs_messages() {
+        let cases = [
+            (
+                "Corruption: block checksum mismatch: stored = 1, computed = 2, type = 1 \
+                 in /var/lib/fencelock/db/000011.sst offset 0 size 4096",
+                Some("/var/lib/fencelock/db/000011.sst"),
+            ),
+            (
+                "Corruption: Sst file size mismatch: /d/db/000024.sst. Size recorded in \
+                 manifest 100, actual size 50",
+                Some("/d/db/000024.sst"),
+            ),
+            (
+                "Corruption: checksum mismatch in file /d/db/000004.log",
+                Some("/d/db/000004.log"),
+            ),
+            (
+                "Corruption: bad record in MANIFEST-000005",
+                Some("MANIFEST-000005"),
+            ),
+            ("Corruption: CURRENT file corrupted", Some("CURRENT")),
+            ("Corruption: something else entirely", None),
+            // A word that only looks like a file is not one.
+            ("Corruption: abc.sst x.log", None),
+        ];
+        for (message, want) in cases {
+            assert_eq!(damaged_file(message).as_deref(), want, "{message}");
+        }
+    }
+
+    #[test]
+    fn a_damage_error_says_what_to_do() {
+        let e = Error::Damaged {
+            file: Some("/d/db/000004.log".into()),
+            detail: "Corruption: checksum mismatch".into(),
+        };
+        let text = e.to_string();
+        assert!(e.is_damage());
+        assert!(text.contains("(/d/db/000004.log)"), "{text}");
+        assert!(
+            text.contains("Replace a node whose disk was lost"),
+            "{text}"
+        );
+        assert!(!Error::Poisoned.is_damage());
+    }
 }

@@ -321,7 +321,7 @@ impl Cluster {
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
-            .open(self.dir.join(format!("node{id}.log")))
+            .open(self.log_path(id))
             .map_err(|source| ClusterError::Io {
                 id,
                 what: "open log",
@@ -446,6 +446,22 @@ impl Cluster {
             .get_mut(&id)
             .and_then(|p| p.child.as_mut())
             .is_some_and(|c| matches!(c.try_wait(), Ok(Some(_))))
+    }
+
+    /// Node `id`'s exit status if its process has exited, reaping it (so it
+    /// is not counted as a crash); `None` while it runs.
+    pub fn reap(&mut self, id: u64) -> Option<std::process::ExitStatus> {
+        let p = self.procs.get_mut(&id)?;
+        let status = p.child.as_mut()?.try_wait().ok()??;
+        p.child = None;
+        p.state = NodeState::Killed;
+        self.pids.set(id, None);
+        Some(status)
+    }
+
+    /// Where node `id`'s stderr goes (appended across restarts).
+    pub fn log_path(&self, id: u64) -> PathBuf {
+        self.dir.join(format!("node{id}.log"))
     }
 
     /// Nodes whose process exited on its own (a crash, not our SIGKILL).

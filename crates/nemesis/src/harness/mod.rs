@@ -24,6 +24,7 @@
 pub mod background;
 pub mod cluster;
 pub mod controller;
+pub mod damage;
 pub mod fence_server;
 pub mod grudge;
 pub mod holder;

@@ -18,6 +18,7 @@ use fencelock_statemachine::{slot_of, ResourceName};
 use tokio::sync::oneshot;
 
 use super::cluster::{Cluster, ClusterError, DiskFault, ADMIN_TIMEOUT_MS};
+use super::damage;
 use super::fence_server::FenceClient;
 use super::grudge;
 use super::holder::HolderProc;
@@ -33,6 +34,9 @@ pub const PAUSE_AFTER_GRANT_MS: u64 = 250;
 /// First process id of the clients the nemesis runs itself (the next holder
 /// of a paused client's lock).
 pub const USURPER_FIRST_PROCESS: ProcessId = 9_000;
+
+/// How long a node given a damaged data directory has to refuse it.
+const REFUSAL_TIMEOUT_MS: u64 = 20_000;
 
 /// How long each sync of a `disk-slow` node takes.
 pub const SLOW_DISK_DELAY_MS: u64 = 200;
@@ -58,6 +62,9 @@ enum Active {
         node: u64,
         must_stop: bool,
     },
+    /// A node whose data directory was damaged: kill it if it still runs,
+    /// put its intact copy back and start it.
+    RestoreIntact(u64),
     /// A replica move whose target was armed to crash on the snapshot:
     /// restart the target unarmed, then run the move again to finish it.
     FinishMove {
@@ -97,7 +104,8 @@ pub struct Nemesis<'a> {
     /// The resources the lock clients use (migrations move their slots).
     pub resources: Vec<String>,
     next_usurper: ProcessId,
-    /// Nodes whose process exited without being killed: a crash.
+    /// Nodes that failed: a process that exited without being killed (a
+    /// crash), or one that did not refuse a damaged data directory.
     pub crashes: Vec<(u64, String)>,
 }
 
@@ -158,7 +166,8 @@ impl<'a> Nemesis<'a> {
                 Phase::Start,
                 format!("node {id} exited by itself: {status}"),
             );
-            self.crashes.push((id, status));
+            self.crashes
+                .push((id, format!("exited by itself: {status}")));
         }
     }
 
@@ -218,7 +227,69 @@ impl<'a> Nemesis<'a> {
             FaultKind::FpCrashInSnapshotInstall => self.crash_in_snapshot_install(pick).await,
             FaultKind::DiskEio => self.failing_disk().await,
             FaultKind::DiskSlow => self.slow_disk(pick).await,
+            FaultKind::DiskCorrupt => self.corrupt_disk(pick).await,
         }
+    }
+
+    /// Kills a running node, garbles a record in the middle of its log and
+    /// starts it again: it must refuse to run (exit 6, naming the file)
+    /// within [`REFUSAL_TIMEOUT_MS`]. A node that runs on, or exits without
+    /// saying why, is a failed node of the run.
+    async fn corrupt_disk(&mut self, pick: u64) -> (String, Active) {
+        let Some(&node) = self.cluster.running(pick).first() else {
+            return (format!("{SKIPPED}no running node"), Active::Nothing);
+        };
+        self.cluster.kill(node);
+        let file = match damage::garble_log(&self.cluster.data_dir(node)) {
+            Ok(file) => file,
+            Err(e) => {
+                // Nothing was changed: start it as it was.
+                let restarted = match self.cluster.restart(node) {
+                    Ok(()) => "restarted".to_owned(),
+                    Err(e) => format!("restart failed: {e}"),
+                };
+                return (
+                    format!("{SKIPPED}node {node}: {e}; {restarted}"),
+                    Active::Nothing,
+                );
+            }
+        };
+        let log_path = self.cluster.log_path(node);
+        let log_from = std::fs::metadata(&log_path).map_or(0, |m| m.len());
+        if let Err(e) = self.cluster.restart(node) {
+            return (
+                format!("node {node}'s {file} garbled; its start failed: {e}"),
+                Active::RestoreIntact(node),
+            );
+        }
+        let deadline = tokio::time::Instant::now() + Duration::from_millis(REFUSAL_TIMEOUT_MS);
+        let status = loop {
+            if let Some(status) = self.cluster.reap(node) {
+                break Some(status);
+            }
+            if tokio::time::Instant::now() > deadline {
+                break None;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        let said = read_from(&log_path, log_from);
+        let refused = status.is_some_and(|s| s.code() == Some(damage::EXIT_DAMAGED))
+            && damage::refusal_names(&said, &file);
+        if refused {
+            return (
+                format!("node {node}'s {file} garbled: it refused to start, naming it (exit 6)"),
+                Active::RestoreIntact(node),
+            );
+        }
+        let what = match status {
+            None => format!("kept running on a garbled {file}"),
+            Some(s) => format!("exited ({s}) on a garbled {file} without refusing it by name"),
+        };
+        eprintln!("nemesis: node {node} {what}");
+        self.recorder
+            .nemesis("damaged-start", Phase::Start, format!("node {node} {what}"));
+        self.crashes.push((node, what.clone()));
+        (format!("node {node} {what}"), Active::RestoreIntact(node))
     }
 
     /// The busiest leader's fsyncs fail from now on.
@@ -499,6 +570,17 @@ impl<'a> Nemesis<'a> {
                     Err(e) => format!("{cleared}node {node} restart failed: {e}"),
                 }
             }
+            Active::RestoreIntact(node) => {
+                // Still running only if it failed to refuse (counted then).
+                self.cluster.kill(node);
+                if let Err(e) = damage::restore(&self.cluster.data_dir(node)) {
+                    return format!("node {node}: putting its intact copy back failed: {e}");
+                }
+                match self.cluster.restart(node) {
+                    Ok(()) => format!("node {node} restarted on its intact copy"),
+                    Err(e) => format!("node {node} restart failed: {e}"),
+                }
+            }
             Active::FinishMove {
                 node,
                 shard_id,
@@ -770,4 +852,17 @@ impl<'a> Nemesis<'a> {
             }
         }
     }
+}
+
+/// What was appended to the file at `path` from byte `from` on (lossily as
+/// text; empty if it cannot be read).
+fn read_from(path: &std::path::Path, from: u64) -> String {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut out = Vec::new();
+    if let Ok(mut f) = std::fs::File::open(path) {
+        if f.seek(SeekFrom::Start(from)).is_ok() {
+            let _ = f.read_to_end(&mut out);
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }

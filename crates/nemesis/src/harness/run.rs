@@ -351,7 +351,7 @@ pub fn print_result(cfg: &RunConfig, result: &RunResult) {
     println!("=== nemesis run, seed {} ===", cfg.seed);
     print!("{}", result.report);
     for (node, status) in &result.crashes {
-        println!("CRASH: node {node} exited by itself: {status}");
+        println!("NODE FAILURE: node {node} {status}");
     }
     if result.passed() {
         println!("result: PASS");

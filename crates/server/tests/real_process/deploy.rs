@@ -314,4 +314,13 @@ fn systemd_unit_stops_with_sigterm_in_time_and_reloads_the_audit_log() {
     let default_drain_ms = fencelock_server::config::ShutdownConfig::default().drain_timeout_ms;
     assert!(stop_s * 1000 > default_drain_ms);
     assert!(read("systemd/fencelock.logrotate").contains("systemctl reload fencelock"));
+    // A node that refused a damaged data directory is not restarted in a loop.
+    assert_eq!(value("Restart"), "on-failure");
+    let prevent: Vec<u8> = value("RestartPreventExitStatus")
+        .split_whitespace()
+        .map(|c| c.parse().unwrap())
+        .collect();
+    // 6 is `fencelock serve`'s EXIT_DAMAGED (crates/cli/src/lib.rs; the
+    // damaged-directory test in fail_stop.rs checks the process exits so).
+    assert!(prevent.contains(&6), "{prevent:?}");
 }
