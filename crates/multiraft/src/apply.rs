@@ -130,6 +130,7 @@ pub(crate) fn apply_entries(
     // One clock read per apply pass, not per entry: every entry of the pass
     // is applied by its end.
     if applied_normal > 0 {
+        crate::replica::note_stamp_seen(peer, obs.clock.now());
         let seconds = obs
             .clock
             .now()

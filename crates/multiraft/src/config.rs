@@ -35,9 +35,10 @@ pub struct RaftConfig {
     /// Raft messages queued per peer before new ones are dropped (Raft
     /// retransmits), 64..=1048576 (default 8192).
     pub peer_queue_depth: usize,
-    /// The assumed bound on wall-clock offset between any two servers,
-    /// 0..=60000 ms (default 500). A new leader extends every inherited lease
-    /// by this much once (see `docs/safety.md`, assumption A1).
+    /// 0..=60000 ms (default 500). A new leader extends every inherited
+    /// lease by this much once, and an import every imported one: a margin
+    /// on this release, and the wall-clock offset bound that nodes of the
+    /// previous release rely on (see `docs/safety.md`, assumption A1).
     pub clock_offset_allowance_ms: u64,
     /// Group commit: when the store loop's previous synced write finished
     /// less than this long ago, it waits up to the rest of it for more

@@ -37,8 +37,9 @@ pub trait PeerSink: Send + Sync {
 
 /// The store loop's view of time.
 pub trait Clock: Send + Sync {
-    /// Wall time in ms since the Unix epoch: where a new leader's lease
-    /// clock starts (never before the highest stamp in the log).
+    /// Wall time in ms since the Unix epoch: where the lease clock of a
+    /// table never stamped starts (a later leader never reads it; see
+    /// `lease_clock_start`).
     fn wall_ms(&self) -> u64;
 
     /// Monotonic time: lease time within a term, proposal and read

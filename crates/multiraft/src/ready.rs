@@ -67,6 +67,10 @@ impl Store {
                     self.obs.metrics.leader_changes.inc();
                 }
                 on_role_change(peer, role, self.time.as_ref());
+                #[cfg(feature = "simulation")]
+                if self.sim_fault == Some(crate::SimFault::TrustWallClockOnNewLeader) {
+                    crate::replica::start_from_wall_clock(peer, self.time.as_ref());
+                }
             }
             entries_staged += rd.entries().len() as u64;
             // What raft-rs may send before this ready is persisted: only a

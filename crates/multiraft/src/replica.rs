@@ -66,6 +66,56 @@ pub(crate) struct LeaderClock {
     pub(crate) started: Instant,
 }
 
+/// Where a new leader's lease clock starts: the table's clock (`stamp_ms`,
+/// the highest stamp applied) plus the time this replica has measured on
+/// its own monotonic clock since it applied that stamp (`seen`), which is
+/// no more than the time since the old leader read it. Never the wall
+/// clock: a node whose wall clock jumped ahead by seconds would free every
+/// lease seconds early the moment it was elected (the allowance a
+/// `LeaderChanged` adds covers only `clock_offset_allowance_ms`). Only a
+/// brand-new table, which holds no lease, starts from the wall clock (so
+/// that lease times read like Unix times). Lease safety across a leader
+/// change therefore rests on monotonic clock rates alone (docs/safety.md,
+/// "Time and leases").
+pub(crate) fn lease_clock_start(
+    stamp_ms: u64,
+    seen: Option<(u64, Instant)>,
+    wall_ms: u64,
+    now: Instant,
+) -> u64 {
+    if stamp_ms == 0 {
+        return wall_ms;
+    }
+    match seen {
+        Some((seen_ms, at)) if seen_ms == stamp_ms => {
+            stamp_ms.saturating_add(now.saturating_duration_since(at).as_millis() as u64)
+        }
+        // Not applied here since this process started (a replica that
+        // restarted or installed a snapshot): no elapsed time is known.
+        _ => stamp_ms,
+    }
+}
+
+/// The rule before 2026-12, kept for the simulation's broken variant: a
+/// new leader's lease clock starts at its wall clock (if that is past the
+/// table's clock), which is safe only while wall clocks stay within the
+/// allowance of each other.
+#[cfg(feature = "simulation")]
+pub(crate) fn start_from_wall_clock(peer: &mut Peer, time: &dyn Clock) {
+    if let Some(clock) = peer.clock.as_mut() {
+        clock.wall_ms_at_start = time.wall_ms().max(peer.table.clock_ms());
+    }
+}
+
+/// Records when this replica first saw the table's clock at its current
+/// value; called after each apply pass.
+pub(crate) fn note_stamp_seen(peer: &mut Peer, now: Instant) {
+    let stamp = peer.table.clock_ms();
+    if peer.stamp_seen.is_none_or(|(seen, _)| seen != stamp) {
+        peer.stamp_seen = Some((stamp, now));
+    }
+}
+
 impl LeaderClock {
     /// Lease time at monotonic instant `now`.
     pub(crate) fn now_ms(&self, now: Instant) -> u64 {
@@ -95,6 +145,10 @@ pub(crate) struct Peer {
     /// cancels it: the proposal timeout.
     pub(crate) orphan_grace: Duration,
     pub(crate) clock: Option<LeaderClock>,
+    /// The table's lease clock (its highest applied stamp) and when this
+    /// replica applied it, on its monotonic clock: where its lease clock
+    /// starts if it becomes leader (see [`lease_clock_start`]).
+    pub(crate) stamp_seen: Option<(u64, Instant)>,
     /// Propose `LeaderChanged` at the next flush.
     pub(crate) needs_leader_changed: bool,
     /// When this leader last proposed its `LeaderChanged` entry: if it has
@@ -216,12 +270,11 @@ pub(crate) fn fail_peer(peer: &mut Peer, e: StoreError) {
 
 pub(crate) fn on_role_change(peer: &mut Peer, role: StateRole, time: &dyn Clock) {
     if role == StateRole::Leader {
-        // Lease time continues from the highest stamp in the log, never
-        // earlier, even if this node's wall clock is behind.
-        let start = time.wall_ms().max(peer.table.clock_ms());
+        let now = time.now();
+        let start = lease_clock_start(peer.table.clock_ms(), peer.stamp_seen, time.wall_ms(), now);
         peer.clock = Some(LeaderClock {
             wall_ms_at_start: start,
-            started: time.now(),
+            started: now,
         });
         peer.needs_leader_changed = true;
         return;
@@ -255,5 +308,40 @@ pub(crate) fn on_role_change(peer: &mut Peer, role: StateRole, time: &dyn Clock)
     }
     for (_, w) in peer.waiting.drain() {
         let _ = w.tx.send(Err(StoreError::OutcomeUnknown { shard_id }));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const WALL_MS: u64 = 1_700_000_000_000;
+
+    #[test]
+    fn a_new_leader_continues_from_the_stamp_plus_what_it_measured_since() {
+        let applied_at = Instant::now();
+        let now = applied_at + Duration::from_millis(1_250);
+        let stamp = WALL_MS + 40_000;
+        let seen = Some((stamp, applied_at));
+        assert_eq!(lease_clock_start(stamp, seen, WALL_MS, now), stamp + 1_250);
+        // A wall clock seconds ahead (or behind) changes nothing.
+        for wall in [stamp + 9_000, stamp - 9_000, 0] {
+            assert_eq!(lease_clock_start(stamp, seen, wall, now), stamp + 1_250);
+        }
+    }
+
+    #[test]
+    fn a_stamp_not_seen_applied_here_gives_no_elapsed_time() {
+        let now = Instant::now();
+        let stamp = WALL_MS;
+        // Restarted (nothing seen), or the table moved on since (a snapshot).
+        assert_eq!(lease_clock_start(stamp, None, stamp + 5_000, now), stamp);
+        let older = Some((stamp - 100, now - Duration::from_secs(3)));
+        assert_eq!(lease_clock_start(stamp, older, stamp + 5_000, now), stamp);
+    }
+
+    #[test]
+    fn only_a_table_that_was_never_stamped_starts_from_the_wall_clock() {
+        assert_eq!(lease_clock_start(0, None, WALL_MS, Instant::now()), WALL_MS);
     }
 }

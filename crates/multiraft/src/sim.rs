@@ -8,10 +8,11 @@ use super::Store;
 /// One deliberate bug.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SimFault {
-    /// A new leader's `LeaderChanged` entry carries no clock-offset
-    /// allowance: inherited leases keep the old leader's stamped expiry,
-    /// and a new leader whose clock runs ahead frees them early.
-    SkipLeaseExtension,
+    /// A new leader starts its lease clock from its wall clock (the rule
+    /// before 2026-12) instead of the table's clock plus the time it
+    /// measured since applying it: a new leader whose wall clock jumped
+    /// ahead by more than the allowance frees inherited leases early.
+    TrustWallClockOnNewLeader,
     /// A follower acknowledges appended entries (and a candidate asks for
     /// votes) before its synced write instead of after it: a leader may
     /// count a copy a crash can still lose.

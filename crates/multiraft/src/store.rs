@@ -289,10 +289,6 @@ impl Store {
 
     /// The clock-offset allowance a new leader's `LeaderChanged` carries.
     pub(crate) fn leader_changed_allowance_ms(&self) -> u64 {
-        #[cfg(feature = "simulation")]
-        if self.sim_fault == Some(SimFault::SkipLeaseExtension) {
-            return 0;
-        }
         self.config.raft.clock_offset_allowance_ms
     }
 

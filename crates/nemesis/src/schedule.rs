@@ -69,6 +69,14 @@ pub enum FaultKind {
     /// Healed with the copy taken before the damage (what replacing it from
     /// its peers would give it back, without the hour that takes).
     DiskCorrupt,
+    /// A node that leads nothing gets its wall clock stepped by seconds
+    /// (mostly ahead), then leadership of shards it holds replicas of:
+    /// leases it inherits must not end early. Healed by stepping it back,
+    /// on a node that now leads.
+    ClockJump,
+    /// The busiest leader's clocks, monotonic and wall, run 1% fast or
+    /// slow: the documented drift bound (docs/safety.md, A2).
+    ClockDrift,
 }
 
 /// Kinds that act on the same thing and so never run in one step.
@@ -81,7 +89,7 @@ pub enum Family {
 }
 
 impl FaultKind {
-    pub const ALL: [FaultKind; 14] = [
+    pub const ALL: [FaultKind; 16] = [
         FaultKind::KillNode,
         FaultKind::KillLeaders,
         FaultKind::PauseNode,
@@ -96,6 +104,8 @@ impl FaultKind {
         FaultKind::DiskEio,
         FaultKind::DiskSlow,
         FaultKind::DiskCorrupt,
+        FaultKind::ClockJump,
+        FaultKind::ClockDrift,
     ];
 
     /// The failpoint kinds: they need a `fencelock` binary built with the
@@ -129,6 +139,8 @@ impl FaultKind {
             FaultKind::DiskEio => "disk-eio",
             FaultKind::DiskSlow => "disk-slow",
             FaultKind::DiskCorrupt => "disk-corrupt",
+            FaultKind::ClockJump => "clock-jump",
+            FaultKind::ClockDrift => "clock-drift",
         }
     }
 
@@ -142,7 +154,9 @@ impl FaultKind {
             | FaultKind::FpCrashInSnapshotInstall
             | FaultKind::DiskEio
             | FaultKind::DiskSlow
-            | FaultKind::DiskCorrupt => Family::NodeProcess,
+            | FaultKind::DiskCorrupt
+            | FaultKind::ClockJump
+            | FaultKind::ClockDrift => Family::NodeProcess,
             // It also cuts the network.
             FaultKind::FpSlowLeaderSync => Family::Network,
             FaultKind::PauseClient => Family::ClientProcess,
@@ -181,6 +195,8 @@ impl FaultKind {
             FaultKind::DiskSlow => (3_000, 6_000),
             // Down like a killed node meanwhile.
             FaultKind::DiskCorrupt => (1_500, 4_000),
+            FaultKind::ClockJump => (3_000, 6_000),
+            FaultKind::ClockDrift => (4_000, 8_000),
         }
     }
 }
@@ -192,7 +208,7 @@ impl fmt::Display for FaultKind {
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
-#[error("unknown fault kind {0:?}; known: kill-node, kill-leaders, pause-node, pause-client, isolate-node, isolate-leader, lose-majority, ring, transfer-leaders, move-replica, migrate-slots, disk-eio, disk-slow, disk-corrupt, or all; fp-crash-after-persist, fp-drop-replies, fp-slow-leader-sync, fp-crash-in-snapshot-install, or failpoints")]
+#[error("unknown fault kind {0:?}; known: kill-node, kill-leaders, pause-node, pause-client, isolate-node, isolate-leader, lose-majority, ring, transfer-leaders, move-replica, migrate-slots, disk-eio, disk-slow, disk-corrupt, clock-jump, clock-drift, or all; fp-crash-after-persist, fp-drop-replies, fp-slow-leader-sync, fp-crash-in-snapshot-install, or failpoints")]
 pub struct UnknownFault(pub String);
 
 impl FromStr for FaultKind {

@@ -149,17 +149,17 @@ fn first_seed_failing(options: impl Fn(u64) -> SimOptions, checker: &str) -> Opt
 }
 
 #[test]
-fn skipping_the_lease_extension_on_leader_change_is_caught_by_the_checkers() {
+fn a_new_leader_trusting_its_stepped_wall_clock_is_caught_by_the_checkers() {
     let seed = first_seed_failing(
         |seed| SimOptions {
-            store_fault: Some(SimFault::SkipLeaseExtension),
+            store_fault: Some(SimFault::TrustWallClockOnNewLeader),
             ..SimOptions::new(seed)
         },
         "windows",
     );
     assert!(
         seed.is_some(),
-        "no seed in 1..={BROKEN_SEEDS} caught a store that skips the lease extension"
+        "no seed in 1..={BROKEN_SEEDS} caught a new leader that starts lease time from its wall clock"
     );
 }
 

@@ -44,7 +44,9 @@ pub enum ClusterError {
     NotReady { within_ms: u64, last: String },
     #[error("no node answered the admin call: {0}")]
     Admin(String),
-    #[error("the disk-fault layer could not be built (it needs a C compiler, `cc`): {0}")]
+    #[error(
+        "the disk- and clock-fault layer could not be built (it needs a C compiler, `cc`): {0}"
+    )]
     DiskFaultLayer(String),
 }
 
@@ -61,20 +63,39 @@ pub enum DiskFault {
     },
 }
 
-/// The disk-fault layer's source, compiled into each run's directory.
-const DISK_FAULT_SOURCE: &str = include_str!("../../faults/diskfault.c");
+/// What a node's clocks do (the LD_PRELOAD layer in
+/// `crates/nemesis/faults/clockfault.c`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ClockFault {
+    /// The wall clock reads this far off true time (negative: behind).
+    pub step_ms: i64,
+    /// Every clock runs this many parts per million fast (negative: slow).
+    pub rate_ppm: i64,
+}
 
-/// Builds the disk-fault layer into `dir`, returning the library's path.
+/// The fault layers' sources, compiled into each run's directory as one
+/// library.
+const FAULT_SOURCES: [(&str, &str); 2] = [
+    ("diskfault.c", include_str!("../../faults/diskfault.c")),
+    ("clockfault.c", include_str!("../../faults/clockfault.c")),
+];
+
+/// Builds the disk- and clock-fault layer into `dir`, returning the
+/// library's path.
 fn build_disk_fault_layer(dir: &Path) -> Result<PathBuf, ClusterError> {
-    let source = dir.join("diskfault.c");
-    let library = dir.join("libdiskfault.so");
-    std::fs::write(&source, DISK_FAULT_SOURCE)
-        .map_err(|e| ClusterError::DiskFaultLayer(format!("{}: {e}", source.display())))?;
+    let library = dir.join("libnodefaults.so");
+    let mut sources = Vec::new();
+    for (name, text) in FAULT_SOURCES {
+        let source = dir.join(name);
+        std::fs::write(&source, text)
+            .map_err(|e| ClusterError::DiskFaultLayer(format!("{}: {e}", source.display())))?;
+        sources.push(source);
+    }
     let out = Command::new("cc")
         .args(["-shared", "-fPIC", "-O2", "-o"])
         .arg(&library)
-        .arg(&source)
-        .arg("-ldl")
+        .args(&sources)
+        .args(["-ldl", "-lpthread"])
         .output()
         .map_err(|e| ClusterError::DiskFaultLayer(format!("running cc: {e}")))?;
     if !out.status.success() {
@@ -117,7 +138,7 @@ pub struct Cluster {
     /// The pid of each node's running process, for observers that must not
     /// hold the cluster (the soak's resource sampler).
     pids: NodePids,
-    /// The disk-fault layer every node is started with.
+    /// The disk- and clock-fault layer every node is started with.
     disk_fault_layer: PathBuf,
 }
 
@@ -273,6 +294,21 @@ impl Cluster {
         self.dir.join(format!("disk{id}.fault"))
     }
 
+    fn clock_fault_path(&self, id: u64) -> PathBuf {
+        self.dir.join(format!("clock{id}.fault"))
+    }
+
+    /// Makes node `id`'s clocks behave as `fault` within 20 ms (running or
+    /// not: a restarted node keeps it until set back).
+    pub fn set_clock_fault(&self, id: u64, fault: ClockFault) -> Result<(), ClusterError> {
+        let text = format!("step {} rate {}", fault.step_ms, fault.rate_ppm);
+        std::fs::write(self.clock_fault_path(id), text).map_err(|source| ClusterError::Io {
+            id,
+            what: "write the clock-fault control file",
+            source,
+        })
+    }
+
     /// Makes node `id`'s disk behave as `fault` from its next sync on
     /// (running or not: a restarted node keeps it until set back).
     pub fn set_disk_fault(&self, id: u64, fault: DiskFault) -> Result<(), ClusterError> {
@@ -340,6 +376,7 @@ impl Cluster {
             .env("FAILPOINTS", failpoints.unwrap_or_default())
             .env("LD_PRELOAD", &self.disk_fault_layer)
             .env("FENCELOCK_DISK_FAULT_FILE", self.disk_fault_path(id))
+            .env("FENCELOCK_CLOCK_FAULT_FILE", self.clock_fault_path(id))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log);

@@ -17,7 +17,7 @@ use fencelock_api::v1::{
 use fencelock_statemachine::{slot_of, ResourceName};
 use tokio::sync::oneshot;
 
-use super::cluster::{Cluster, ClusterError, DiskFault, ADMIN_TIMEOUT_MS};
+use super::cluster::{ClockFault, Cluster, ClusterError, DiskFault, ADMIN_TIMEOUT_MS};
 use super::damage;
 use super::fence_server::FenceClient;
 use super::grudge;
@@ -37,6 +37,15 @@ pub const USURPER_FIRST_PROCESS: ProcessId = 9_000;
 
 /// How long a node given a damaged data directory has to refuse it.
 const REFUSAL_TIMEOUT_MS: u64 = 20_000;
+
+/// How far a `clock-jump` steps a wall clock, ms: seconds, far past the
+/// 500 ms allowance a leader change adds.
+const CLOCK_JUMP_MS: (u64, u64) = (2_000, 8_000);
+/// How fast or slow a `clock-drift` node's clocks run: the documented
+/// bound (docs/safety.md, A2), 1%.
+pub const CLOCK_DRIFT_PPM: i64 = 10_000;
+/// Shards whose leadership a `clock-jump` hands to the stepped node.
+const CLOCK_JUMP_TRANSFERS: usize = 4;
 
 /// How long each sync of a `disk-slow` node takes.
 pub const SLOW_DISK_DELAY_MS: u64 = 200;
@@ -62,6 +71,10 @@ enum Active {
         node: u64,
         must_stop: bool,
     },
+    /// A node whose clocks were faulted: set them back to true time (the
+    /// wall clock steps back; drift already accumulated stays, as on a
+    /// real machine whose monotonic clock cannot run backwards).
+    ClearClock(u64),
     /// A node whose data directory was damaged: kill it if it still runs,
     /// put its intact copy back and start it.
     RestoreIntact(u64),
@@ -228,6 +241,8 @@ impl<'a> Nemesis<'a> {
             FaultKind::DiskEio => self.failing_disk().await,
             FaultKind::DiskSlow => self.slow_disk(pick).await,
             FaultKind::DiskCorrupt => self.corrupt_disk(pick).await,
+            FaultKind::ClockJump => self.clock_jump(pick).await,
+            FaultKind::ClockDrift => self.clock_drift(pick).await,
         }
     }
 
@@ -290,6 +305,106 @@ impl<'a> Nemesis<'a> {
             .nemesis("damaged-start", Phase::Start, format!("node {node} {what}"));
         self.crashes.push((node, what.clone()));
         (format!("node {node} {what}"), Active::RestoreIntact(node))
+    }
+
+    /// Steps the wall clock of a running node that leads nothing (else any
+    /// running node) by seconds, mostly ahead, then hands it the leadership
+    /// of shards it holds voters of, so that it starts lease time as a new
+    /// leader with a wrong wall clock.
+    async fn clock_jump(&mut self, pick: u64) -> (String, Active) {
+        let running = self.cluster.running(pick);
+        let shards = match self.cluster.shards().await {
+            Ok(list) => list.shards,
+            Err(e) => return (format!("{SKIPPED}{e}"), Active::Nothing),
+        };
+        let leaders: Vec<u64> = shards.iter().map(|s| s.leader_node_id).collect();
+        let Some(&node) = running
+            .iter()
+            .find(|n| !leaders.contains(n))
+            .or(running.first())
+        else {
+            return (format!("{SKIPPED}no running node"), Active::Nothing);
+        };
+        let size = CLOCK_JUMP_MS.0 + pick % (CLOCK_JUMP_MS.1 - CLOCK_JUMP_MS.0 + 1);
+        // Ahead is the dangerous direction (leases inherited could end
+        // early); behind is tested by the heal, and by one jump in four.
+        let step_ms = if (pick / 3).is_multiple_of(4) {
+            -(size as i64)
+        } else {
+            size as i64
+        };
+        let fault = ClockFault {
+            step_ms,
+            rate_ppm: 0,
+        };
+        if let Err(e) = self.cluster.set_clock_fault(node, fault) {
+            return (format!("{SKIPPED}{e}"), Active::Nothing);
+        }
+        // Let the layer pick the step up (it re-reads every 20 ms).
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let mut moved = Vec::new();
+        for shard in &shards {
+            if moved.len() == CLOCK_JUMP_TRANSFERS {
+                break;
+            }
+            let votes_here = shard
+                .replicas
+                .iter()
+                .any(|r| r.node_id == node && r.role() == ReplicaRole::Voter);
+            if !votes_here || shard.leader_node_id == node {
+                continue;
+            }
+            let shard_id = shard.shard_id;
+            let result = self
+                .admin(pick, |mut c| async move {
+                    c.transfer_leader(TransferLeaderRequest {
+                        shard_id,
+                        to_node_id: node,
+                    })
+                    .await
+                })
+                .await;
+            moved.push(match result {
+                Ok(_) => format!("shard {shard_id}"),
+                Err(e) => format!("shard {shard_id} failed ({e})"),
+            });
+        }
+        (
+            format!(
+                "node {node}'s wall clock stepped {step_ms:+} ms, then made leader of {}",
+                if moved.is_empty() {
+                    "no shard".to_owned()
+                } else {
+                    moved.join(", ")
+                }
+            ),
+            Active::ClearClock(node),
+        )
+    }
+
+    /// The busiest leader's clocks run [`CLOCK_DRIFT_PPM`] fast (or, one
+    /// time in three, slow) until healed.
+    async fn clock_drift(&mut self, pick: u64) -> (String, Active) {
+        let node = match self.cluster.busiest_leader().await {
+            Ok((node, _)) => node,
+            Err(e) => return (format!("{SKIPPED}{e}"), Active::Nothing),
+        };
+        let rate_ppm = if pick.is_multiple_of(3) {
+            -CLOCK_DRIFT_PPM
+        } else {
+            CLOCK_DRIFT_PPM
+        };
+        let fault = ClockFault {
+            step_ms: 0,
+            rate_ppm,
+        };
+        match self.cluster.set_clock_fault(node, fault) {
+            Ok(()) => (
+                format!("node {node}'s clocks run {rate_ppm:+} ppm"),
+                Active::ClearClock(node),
+            ),
+            Err(e) => (format!("{SKIPPED}{e}"), Active::Nothing),
+        }
     }
 
     /// The busiest leader's fsyncs fail from now on.
@@ -570,6 +685,12 @@ impl<'a> Nemesis<'a> {
                     Err(e) => format!("{cleared}node {node} restart failed: {e}"),
                 }
             }
+            Active::ClearClock(node) => {
+                match self.cluster.set_clock_fault(node, ClockFault::default()) {
+                    Ok(()) => format!("node {node}'s clocks back to true time"),
+                    Err(e) => format!("node {node}: clearing its clock fault failed: {e}"),
+                }
+            }
             Active::RestoreIntact(node) => {
                 // Still running only if it failed to refuse (counted then).
                 self.cluster.kill(node);
@@ -820,6 +941,7 @@ impl<'a> Nemesis<'a> {
         self.cluster.network().heal()?;
         for id in self.cluster.ids.clone() {
             self.cluster.set_disk_fault(id, DiskFault::Healthy)?;
+            self.cluster.set_clock_fault(id, ClockFault::default())?;
         }
         self.collect_crashes();
         self.cluster.revive_all()?;

@@ -208,6 +208,35 @@ fn nemesis(world: &mut World, events: &mut Vec<Event>, faults: &mut Vec<String>)
                 world.restart_cleanly(id);
             }
         }
+        // Step a node's wall clock by seconds, forward or back (the
+        // busiest leader's half of the time, so it is likely to be elected
+        // again soon after a crash or a transfer): lease time must not
+        // move with it.
+        85..=92 => {
+            let target = if roll < 89 {
+                world.busiest_leader()
+            } else {
+                Some(world.rng.random_range(1..=NODES))
+            };
+            let Some(id) = target else {
+                return;
+            };
+            let size = world
+                .rng
+                .random_range(world::CLOCK_STEP_MS.0..=world::CLOCK_STEP_MS.1);
+            let by = if world.rng.random_bool(0.6) {
+                size
+            } else {
+                -size
+            };
+            let skew = world.step_wall_clock(id, by);
+            note(
+                world,
+                events,
+                "clock-step",
+                format!("node {id} by {by} ms (now {skew} ms off)"),
+            );
+        }
         _ => {}
     }
 }

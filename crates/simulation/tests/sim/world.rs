@@ -9,7 +9,7 @@
 
 use std::collections::BTreeMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -55,17 +55,23 @@ const LONG_DELAY_PER_MILLE: u32 = 30;
 /// catch-up of a restarted node happen within a run.
 const SNAPSHOT_INTERVAL_ENTRIES: u64 = 100;
 
-/// The nodes' clock: true simulated time plus this node's skew.
+/// How far a `clock-step` fault moves a node's wall clock, either way, ms:
+/// seconds, far past the allowance (assumption A1 broken on purpose; lease
+/// safety must not need it).
+pub const CLOCK_STEP_MS: (i64, i64) = (1_000, 6_000);
+
+/// The nodes' clock: true simulated time plus this node's skew (its
+/// monotonic clock is true simulated time: rates are exact here).
 struct SimClock {
     base: Instant,
     now_ms: Arc<AtomicU64>,
-    skew_ms: i64,
+    skew_ms: AtomicI64,
 }
 
 impl Clock for SimClock {
     fn wall_ms(&self) -> u64 {
         let now = SIM_EPOCH_WALL_MS + self.now_ms.load(Ordering::Relaxed);
-        now.saturating_add_signed(self.skew_ms)
+        now.saturating_add_signed(self.skew_ms.load(Ordering::Relaxed))
     }
 
     fn now(&self) -> Instant {
@@ -278,7 +284,7 @@ impl World {
                 clock: Arc::new(SimClock {
                     base: world.base,
                     now_ms: world.time.clone(),
-                    skew_ms: skew,
+                    skew_ms: AtomicI64::new(skew),
                 }),
                 sink: Arc::default(),
                 status: Arc::default(),
@@ -315,6 +321,14 @@ impl World {
 
     fn node(&mut self, id: u64) -> &mut Node {
         &mut self.nodes[(id - 1) as usize]
+    }
+
+    /// Steps node `id`'s wall clock by `by_ms` (forward or back), as an
+    /// operator's `date -s` or a broken NTP server would; returns the
+    /// node's new skew from true time.
+    pub fn step_wall_clock(&mut self, id: u64, by_ms: i64) -> i64 {
+        let clock = &self.node(id).clock;
+        clock.skew_ms.fetch_add(by_ms, Ordering::Relaxed) + by_ms
     }
 
     pub fn is_up(&self, id: u64) -> bool {
