@@ -11,6 +11,16 @@ use fencelock_placement::{NodeState, PlacementCommand, PlacementMap, FIRST_PLACE
 
 use crate::error::{ControllerError, Result};
 
+/// Whether every one of `reported` (a node's `placement_format`; `None`:
+/// it did not answer) reads format `needs`. A node that does not answer
+/// counts as one that does not: used where an older form exists to fall
+/// back on, so nothing waits for it.
+pub fn all_read(reported: impl IntoIterator<Item = Option<u32>>, needs: u32) -> bool {
+    reported
+        .into_iter()
+        .all(|r| r.is_some_and(|r| reads(r) >= needs))
+}
+
 /// Refuses `command` unless every member that will apply it or fetch the
 /// map reads its format. `reported` is each answering member's
 /// `NodeStatus.placement_format` (absent: it did not answer).
@@ -72,6 +82,17 @@ fn command_name(command: &PlacementCommand) -> &'static str {
 mod tests {
     use super::*;
     use fencelock_api::v1::Reason;
+
+    #[test]
+    fn an_import_at_the_source_clock_needs_every_replica_to_answer_that_it_reads_it() {
+        let needs = fencelock_placement::IMPORT_AT_CLOCK_FORMAT;
+        assert!(all_read([Some(3), Some(3), Some(4)], needs));
+        // One replica of the previous release (format 2), one that predates
+        // the report (0), or one that does not answer: the older form.
+        assert!(!all_read([Some(3), Some(2), Some(3)], needs));
+        assert!(!all_read([Some(3), Some(0), Some(3)], needs));
+        assert!(!all_read([Some(3), None, Some(3)], needs));
+    }
 
     fn map_of(nodes: &[(u64, NodeState)]) -> PlacementMap {
         let ids: Vec<u64> = nodes.iter().map(|n| n.0).collect();

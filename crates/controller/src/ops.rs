@@ -750,6 +750,26 @@ impl<N: NodeApi> reshard::Cluster for Ops<N> {
     fn clock_offset_allowance_ms(&self) -> u64 {
         self.clock_offset_allowance_ms
     }
+
+    async fn reads_import_at_clock(&self, shard_id: u64) -> bool {
+        let Ok(map) = self.fresh_map().await else {
+            return false;
+        };
+        let Some(shard) = map.shard(shard_id) else {
+            return false;
+        };
+        let calls = shard
+            .replicas
+            .iter()
+            .map(|&node_id| self.node_status_within(node_id, LIST_STATUS_TIMEOUT));
+        crate::formats::all_read(
+            join_all(calls)
+                .await
+                .iter()
+                .map(|s| s.as_ref().map(|s| s.placement_format)),
+            fencelock_placement::IMPORT_AT_CLOCK_FORMAT,
+        )
+    }
 }
 
 fn map_version(resp: &ProposeMetaResponse) -> u64 {

@@ -75,6 +75,11 @@ pub trait Cluster {
     async fn pause(&self, tries: u32) -> bool;
     /// The clock allowance imported leases get (as at a leader change).
     fn clock_offset_allowance_ms(&self) -> u64;
+    /// Whether every replica of `shard_id` answers that it reads an
+    /// `ImportSlots` carrying the source's lease clock (placement format
+    /// [`fencelock_placement::IMPORT_AT_CLOCK_FORMAT`]): only then is one sent, since a replica
+    /// of the previous release would stop at it.
+    async fn reads_import_at_clock(&self, shard_id: u64) -> bool;
 }
 
 /// Whether a shard applied the command and refused it (nothing changed).
@@ -376,9 +381,17 @@ pub async fn finish<C: Cluster>(c: &C, m: &Migration) -> Result<Resharded> {
             }
         }
     };
-    let Reply::Exported { data, resources } = exported else {
+    let Reply::Exported {
+        data,
+        resources,
+        clock_ms,
+    } = exported
+    else {
         return Err(unexpected(m.id, "the export", &exported));
     };
+    // The source's lease clock at the answer, if the importing shard can
+    // read it (0: the source is of the previous release).
+    let export_clock = |reads: bool| (reads && clock_ms > 0).then_some(clock_ms);
     // 2. The import (or the one the target already did).
     let import = Command::ImportSlots {
         migration_id: m.id,
@@ -386,6 +399,7 @@ pub async fn finish<C: Cluster>(c: &C, m: &Migration) -> Result<Resharded> {
         slots,
         data: data.clone(),
         clock_offset_allowance_ms: c.clock_offset_allowance_ms(),
+        export_clock_ms: export_clock(c.reads_import_at_clock(m.to_shard).await),
     };
     if let Step::Refused(cause) = shard_step(c, m.id, "the import", m.to_shard, import).await? {
         let closed = close(c, m.id, m.to_shard, slots).await?;
@@ -395,7 +409,8 @@ pub async fn finish<C: Cluster>(c: &C, m: &Migration) -> Result<Resharded> {
         if !closed.owns_slots {
             // The target never imported and now never will: the source
             // takes its export back.
-            roll_back(c, m, slots, data).await?;
+            let at = export_clock(c.reads_import_at_clock(m.from_shard).await);
+            roll_back(c, m, slots, data, at).await?;
             return Err(ended(m.id, "was rolled back", &cause));
         }
     }
@@ -444,13 +459,20 @@ fn done(m: &Migration, resources: u32) -> Resharded {
 /// The source takes back what it exported, at the migration's epoch (the
 /// target is closed without it, so nobody else ever takes that epoch),
 /// forgets the export, and the map records the end.
-async fn roll_back<C: Cluster>(c: &C, m: &Migration, slots: SlotSet, data: Vec<u8>) -> Result<()> {
+async fn roll_back<C: Cluster>(
+    c: &C,
+    m: &Migration,
+    slots: SlotSet,
+    data: Vec<u8>,
+    export_clock_ms: Option<u64>,
+) -> Result<()> {
     let take_back = Command::ImportSlots {
         migration_id: m.id,
         epoch: m.epoch,
         slots,
         data,
         clock_offset_allowance_ms: c.clock_offset_allowance_ms(),
+        export_clock_ms,
     };
     let what = "giving the slots back to the source";
     if let Step::Refused(e) = shard_step(c, m.id, what, m.from_shard, take_back).await? {
@@ -624,17 +646,20 @@ async fn take_back_leftover<C: Cluster>(
         migration_id: id,
         slots,
     };
-    let data = match shard_step(c, id, "reading a leftover export", shard_id, export).await? {
-        Step::Done(Reply::Exported { data, .. }) => data,
-        Step::Done(other) => return Err(unexpected(id, "reading a leftover export", &other)),
-        Step::Refused(e) => return Err(e),
-    };
+    let (data, clock_ms) =
+        match shard_step(c, id, "reading a leftover export", shard_id, export).await? {
+            Step::Done(Reply::Exported { data, clock_ms, .. }) => (data, clock_ms),
+            Step::Done(other) => return Err(unexpected(id, "reading a leftover export", &other)),
+            Step::Refused(e) => return Err(e),
+        };
+    let reads = c.reads_import_at_clock(shard_id).await;
     let take_back = Command::ImportSlots {
         migration_id: id,
         epoch,
         slots,
         data,
         clock_offset_allowance_ms: c.clock_offset_allowance_ms(),
+        export_clock_ms: (reads && clock_ms > 0).then_some(clock_ms),
     };
     let what = "giving a leftover export back to its source";
     if let Step::Refused(e) = shard_step(c, id, what, shard_id, take_back).await? {

@@ -138,6 +138,7 @@ pub enum Op {
         slots: SlotSet,
         data: Vec<u8>,
         allowance_ms: u64,
+        export_clock_ms: Option<u64>,
     },
     DropExport {
         migration: u64,
@@ -229,12 +230,14 @@ impl Op {
                 slots,
                 data,
                 allowance_ms,
+                export_clock_ms,
             } => Command::ImportSlots {
                 migration_id: migration,
                 epoch,
                 slots,
                 data,
                 clock_offset_allowance_ms: allowance_ms,
+                export_clock_ms,
             },
             Op::DropExport { migration } => Command::DropExport {
                 migration_id: migration,
@@ -364,6 +367,14 @@ fn op(input: &mut Input, l: &Limits, memory: &Memory, epoch: u64) -> Op {
                 slots: slots(input),
                 data,
                 allowance_ms: allowance(input),
+                // None (the older form), near the fuzzed clock either way,
+                // or anything at all.
+                export_clock_ms: match input.u8() % 4 {
+                    0 => None,
+                    1 => Some(T0.saturating_add(u64::from(input.u16()) * 100)),
+                    2 => Some(T0.saturating_sub(u64::from(input.u16()) * 100)),
+                    _ => Some(input.u64()),
+                },
             }
         }
         _ => match input.u8() % 3 {

@@ -83,6 +83,7 @@ pub fn export_import(data: &[u8]) {
             slots: SlotSet::full(),
             data: data.to_vec(),
             clock_offset_allowance_ms: 0,
+            export_clock_ms: None,
         },
         &ctx(2),
     );

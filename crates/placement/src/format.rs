@@ -16,6 +16,7 @@
 //! |---|---|
 //! | 1 | the first release: nodes, replicas, shards, migrations, splits, `AdvanceEpoch` |
 //! | 2 | `SetNodeState { state: Down }` (the controller's own mark), `SetSchedulerPaused`, `RaiseEpochFloor` |
+//! | 3 | a data shard's `ImportSlots` carrying the source's lease clock (not a placement command: the orchestrator sends it only when every replica of the importing shard reads it, else the older form) |
 
 use crate::types::{NodeState, PlacementCommand};
 
@@ -24,7 +25,9 @@ use crate::types::{NodeState, PlacementCommand};
 /// reads.
 pub const FIRST_PLACEMENT_FORMAT: u32 = 1;
 /// The newest placement format this build reads and writes.
-pub const PLACEMENT_FORMAT: u32 = 2;
+pub const PLACEMENT_FORMAT: u32 = 3;
+/// The format that reads an `ImportSlots` with the source's lease clock.
+pub const IMPORT_AT_CLOCK_FORMAT: u32 = 3;
 
 impl PlacementCommand {
     /// The placement format a node needs to read this command.

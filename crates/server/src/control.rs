@@ -166,9 +166,14 @@ pub fn meta_response(reply: &PlacementReply, map: &PlacementMap) -> ProposeMetaR
 /// The wire answer to a resharding command.
 pub fn shard_response(reply: Reply) -> ProposeShardResponse {
     match reply {
-        Reply::Exported { data, resources } => ProposeShardResponse {
+        Reply::Exported {
             data,
             resources,
+            clock_ms,
+        } => ProposeShardResponse {
+            data,
+            resources,
+            export_clock_ms: clock_ms,
             ..Default::default()
         },
         Reply::Imported { resources } => ProposeShardResponse {
@@ -201,6 +206,7 @@ pub fn shard_reply(command: &Command, response: ProposeShardResponse) -> Reply {
         Command::ExportSlots { .. } => Reply::Exported {
             data: response.data,
             resources: response.resources,
+            clock_ms: response.export_clock_ms,
         },
         Command::ImportSlots { .. } => Reply::Imported {
             resources: response.resources,

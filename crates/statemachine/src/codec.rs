@@ -184,6 +184,12 @@ const CMD_EXPORT_SLOTS: u8 = 8;
 const CMD_IMPORT_SLOTS: u8 = 9;
 const CMD_DROP_EXPORT: u8 = 10;
 const CMD_CLOSE_MIGRATION: u8 = 11;
+/// `ImportSlots` with the source's lease clock: a tag of its own, so a
+/// build of the previous release refuses it (and stops) rather than
+/// importing without moving times between clocks, unlike its peers. The
+/// orchestrator sends it only when every replica of the target reads it
+/// (placement format 3).
+const CMD_IMPORT_SLOTS_AT_CLOCK: u8 = 12;
 
 impl Command {
     /// Encodes the command as a Raft entry payload.
@@ -279,8 +285,13 @@ impl Command {
                 slots,
                 data,
                 clock_offset_allowance_ms,
+                export_clock_ms,
             } => {
-                w.u8(CMD_IMPORT_SLOTS);
+                w.u8(if export_clock_ms.is_some() {
+                    CMD_IMPORT_SLOTS_AT_CLOCK
+                } else {
+                    CMD_IMPORT_SLOTS
+                });
                 w.u64(*migration_id);
                 w.u64(*epoch);
                 for word in slots.words() {
@@ -288,6 +299,9 @@ impl Command {
                 }
                 w.bytes(data);
                 w.u64(*clock_offset_allowance_ms);
+                if let Some(clock_ms) = export_clock_ms {
+                    w.u64(*clock_ms);
+                }
             }
             Command::DropExport { migration_id } => {
                 w.u8(CMD_DROP_EXPORT);
@@ -314,7 +328,8 @@ impl Command {
         if version != COMMAND_VERSION {
             return Err(DecodeError::UnsupportedVersion(version.into()));
         }
-        let command = match r.u8()? {
+        let tag = r.u8()?;
+        let command = match tag {
             CMD_ACQUIRE => Command::Acquire {
                 resource: r.name()?,
                 owner: r.owner()?,
@@ -360,12 +375,17 @@ impl Command {
                 migration_id: r.u64()?,
                 slots: read_slots(&mut r)?,
             },
-            CMD_IMPORT_SLOTS => Command::ImportSlots {
+            CMD_IMPORT_SLOTS | CMD_IMPORT_SLOTS_AT_CLOCK => Command::ImportSlots {
                 migration_id: r.u64()?,
                 epoch: r.u64()?,
                 slots: read_slots(&mut r)?,
                 data: r.bytes()?.to_vec(),
                 clock_offset_allowance_ms: r.u64()?,
+                export_clock_ms: if tag == CMD_IMPORT_SLOTS_AT_CLOCK {
+                    Some(r.ms(MAX_CLOCK_MS)?)
+                } else {
+                    None
+                },
             },
             CMD_DROP_EXPORT => Command::DropExport {
                 migration_id: r.u64()?,

@@ -350,12 +350,16 @@ impl LockTable {
                 slots,
                 data,
                 clock_offset_allowance_ms,
+                export_clock_ms,
             } => self.import_slots(
                 *migration_id,
                 *epoch,
                 slots,
                 data,
-                *clock_offset_allowance_ms,
+                crate::migrate::ImportTimes {
+                    allowance_ms: *clock_offset_allowance_ms,
+                    export_clock_ms: *export_clock_ms,
+                },
                 ctx,
             ),
             Command::DropExport { migration_id } => Ok(self.drop_export(*migration_id)),

@@ -6,9 +6,11 @@
 //!    every request for those slots (`WrongShard`), and their records and
 //!    dedup entries leave the table for an export kept in the replicated
 //!    state, so whichever replica leads next can hand it over again.
-//! 2. `ImportSlots` on the target: the export enters the table unchanged —
-//!    holders keep their lease ids, tokens and expiries (plus the clock
-//!    allowance a leader change gives), waiters keep their order — and the
+//! 2. `ImportSlots` on the target: the export enters the table — holders
+//!    keep their lease ids and tokens, and the time each had left (its
+//!    times moved from the source's lease clock to the target's, when the
+//!    import carries the source's clock; plus the clock allowance a leader
+//!    change gives), waiters keep their order — and the
 //!    target moves to a fresh epoch above every epoch handed out before, so
 //!    the next token it mints for any moved resource is above every token
 //!    the source minted for it.
@@ -29,12 +31,22 @@
 
 use crate::codec::{decode_export, encode_export, Export};
 use crate::error::LockError;
-use crate::limits::{MAX_CLOCK_OFFSET_ALLOWANCE_MS, MAX_MIGRATION_DATA_BYTES, MAX_PENDING_EXPORTS};
-use crate::machine::{DedupEntry, DedupKey, LockTable, PendingExport, Record};
+use crate::limits::{
+    MAX_CLOCK_MS, MAX_CLOCK_OFFSET_ALLOWANCE_MS, MAX_MIGRATION_DATA_BYTES, MAX_PENDING_EXPORTS,
+    MAX_STORED_MS,
+};
+use crate::machine::{DedupEntry, DedupKey, DedupState, LockTable, PendingExport, Record};
 use crate::name::ResourceName;
 use crate::slots::{slot_of, SlotSet};
 use crate::token::{FencingToken, MAX_EPOCH};
 use crate::types::{ApplyContext, Event, Reply};
+
+/// How an import treats the exported times (see `Command::ImportSlots`).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ImportTimes {
+    pub allowance_ms: u64,
+    pub export_clock_ms: Option<u64>,
+}
 
 impl LockTable {
     pub(crate) fn export_slots(
@@ -53,6 +65,7 @@ impl LockTable {
             return Ok(Reply::Exported {
                 data: done.data.clone(),
                 resources: done.resources,
+                clock_ms: self.clock_ms,
             });
         }
         if migration_id == 0 || slots.is_empty() {
@@ -130,7 +143,11 @@ impl LockTable {
             },
         );
         debug_assert!(self.exports.len() <= MAX_PENDING_EXPORTS);
-        Ok(Reply::Exported { data, resources })
+        Ok(Reply::Exported {
+            data,
+            resources,
+            clock_ms: self.clock_ms,
+        })
     }
 
     pub(crate) fn import_slots(
@@ -139,9 +156,13 @@ impl LockTable {
         epoch: u64,
         slots: &SlotSet,
         data: &[u8],
-        allowance_ms: u64,
+        times: ImportTimes,
         ctx: &ApplyContext,
     ) -> Result<Reply, LockError> {
+        let ImportTimes {
+            allowance_ms,
+            export_clock_ms,
+        } = times;
         // The source taking its own kept export back (a roll-back after the
         // target was closed without it, or a leftover an older orchestrator
         // abandoned): allowed whatever happened here since, because the
@@ -180,6 +201,14 @@ impl LockTable {
                 reason: "import epoch out of range",
             });
         }
+        if export_clock_ms.is_some_and(|ms| ms > MAX_CLOCK_MS) {
+            return Err(LockError::InvalidCommand {
+                reason: "export clock out of range",
+            });
+        }
+        // From the source's lease clock to this shard's: `clock_ms` has
+        // advanced to this entry's stamp, read after the export's answer.
+        let shift_ms = export_clock_ms.map_or(0, |at| i128::from(self.clock_ms) - i128::from(at));
         if epoch <= self.epoch {
             return Err(LockError::StaleEpoch {
                 entry_epoch: epoch,
@@ -226,8 +255,10 @@ impl LockTable {
         scratch.epoch_base_index = ctx.index - 1;
         scratch.max_token = export.max_token;
         for (name, mut record) in export.records {
-            // The target's leader clock may run ahead of the source's: the
-            // same allowance a new leader gives, bounded by the stamp.
+            shift_record(&mut record, shift_ms);
+            // Margin (and, without the source's clock, the assumption that
+            // the clocks agree): the allowance a new leader gives, bounded
+            // by the stamp.
             let holder = &mut record.holder;
             holder.expires_at_ms = holder
                 .expires_at_ms
@@ -236,7 +267,8 @@ impl LockTable {
                 return Err(refused("export lists a resource twice".into()));
             }
         }
-        for (key, entry) in export.dedup {
+        for (key, mut entry) in export.dedup {
+            shift_dedup(&mut entry, shift_ms);
             if !scratch.insert_dedup_indexed(key, entry) {
                 return Err(refused("export lists a dedup entry twice".into()));
             }
@@ -366,4 +398,37 @@ fn closed(migration_id: u64) -> LockError {
 
 fn refused(reason: String) -> LockError {
     LockError::MigrationRefused { reason }
+}
+
+/// `ms` moved by `shift_ms` from one lease clock to another, kept within
+/// what a table stores (a time before the clock's start is long past).
+fn shifted(ms: u64, shift_ms: i128) -> u64 {
+    (i128::from(ms) + shift_ms).clamp(0, i128::from(MAX_STORED_MS)) as u64
+}
+
+/// Moves every time of an exported record from the source's lease clock
+/// to the target's: durations (a lease's time left, a waiter's wait left)
+/// stay what they were at the export.
+fn shift_record(record: &mut Record, shift_ms: i128) {
+    if shift_ms == 0 {
+        return;
+    }
+    let h = &mut record.holder;
+    h.granted_at_ms = shifted(h.granted_at_ms, shift_ms);
+    h.stamped_expires_at_ms = shifted(h.stamped_expires_at_ms, shift_ms);
+    h.expires_at_ms = shifted(h.expires_at_ms, shift_ms);
+    for w in record.waiters.iter_mut() {
+        w.enqueued_at_ms = shifted(w.enqueued_at_ms, shift_ms);
+        w.wait_deadline_ms = shifted(w.wait_deadline_ms, shift_ms);
+    }
+}
+
+/// [`shift_record`] for a dedup entry's forget time.
+fn shift_dedup(entry: &mut DedupEntry, shift_ms: i128) {
+    match &mut entry.state {
+        DedupState::Ended { forget_at_ms, .. } | DedupState::WaitEnded { forget_at_ms, .. } => {
+            *forget_at_ms = shifted(*forget_at_ms, shift_ms);
+        }
+        DedupState::Waiting | DedupState::Held { .. } => {}
+    }
 }

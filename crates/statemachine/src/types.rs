@@ -194,14 +194,22 @@ pub enum Command {
     /// the placement controller's counter, above every epoch any shard ever
     /// had — so every token minted here from now on is above every token
     /// the source minted. Held leases keep their lease ids and tokens.
-    /// Imported leases get the same clock allowance as at a leader change.
-    /// Repeating it for an already imported id changes nothing.
+    /// With `export_clock_ms` (the source's lease clock when it answered
+    /// the export, [`Reply::Exported`]), every time in the export moves
+    /// from the source's lease clock to this shard's: what was left of a
+    /// lease at the export is left of it here from this entry on, whatever
+    /// the two clocks read. Without it (an orchestrator or member of the
+    /// previous release), times are taken as they are, which assumes the
+    /// clocks agree to within the allowance. Imported leases get the same
+    /// clock allowance as at a leader change either way. Repeating it for
+    /// an already imported id changes nothing.
     ImportSlots {
         migration_id: u64,
         epoch: u64,
         slots: SlotSet,
         data: Vec<u8>,
         clock_offset_allowance_ms: u64,
+        export_clock_ms: Option<u64>,
     },
     /// Resharding, step 3 on the source shard: the target has the state;
     /// forget the export. The migration is then settled here: no export or
@@ -312,10 +320,14 @@ pub enum Reply {
         leases_extended: u32,
     },
     Ticked(TickReport),
-    /// The export of a migration: opaque bytes for `ImportSlots`.
+    /// The export of a migration: opaque bytes for `ImportSlots`, and the
+    /// source's lease clock when this answer was applied (for
+    /// `ImportSlots::export_clock_ms`; any reading taken after the export
+    /// itself will do, since the source never serves the slots again).
     Exported {
         data: Vec<u8>,
         resources: u32,
+        clock_ms: u64,
     },
     /// Slots taken over (`resources` moved in; 0 when repeated).
     Imported {

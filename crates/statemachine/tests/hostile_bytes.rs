@@ -77,6 +77,15 @@ fn commands() -> Vec<Command> {
             slots: [7u32].into_iter().collect(),
             data: vec![0, 1, 2],
             clock_offset_allowance_ms: 100,
+            export_clock_ms: None,
+        },
+        Command::ImportSlots {
+            migration_id: 6,
+            epoch: 10,
+            slots: [8u32].into_iter().collect(),
+            data: vec![3, 4],
+            clock_offset_allowance_ms: 100,
+            export_clock_ms: Some(1_700_000_000_000),
         },
         Command::DropExport { migration_id: 4 },
     ]
@@ -177,6 +186,7 @@ fn feed(kind: &str, bytes: &[u8]) {
                 slots: SlotSet::full(),
                 data: bytes.to_vec(),
                 clock_offset_allowance_ms: 0,
+                export_clock_ms: Some(1_700_000_000_000),
             },
             &ctx(2),
         );

@@ -16,10 +16,15 @@ struct Shard {
 
 impl Shard {
     fn new(epoch: u64, slots: SlotSet) -> Shard {
+        Shard::new_at(epoch, slots, T0)
+    }
+
+    /// A shard whose lease clock starts at `now_ms`.
+    fn new_at(epoch: u64, slots: SlotSet, now_ms: u64) -> Shard {
         let mut s = Shard {
             table: LockTable::with_slots(Limits::default(), slots).unwrap(),
             index: 0,
-            now_ms: T0,
+            now_ms,
         };
         s.apply_at_epoch(
             Command::LeaderChanged {
@@ -89,13 +94,45 @@ impl Shard {
         slots: SlotSet,
         data: Vec<u8>,
     ) -> Result<Reply, LockError> {
+        self.import_at(id, epoch, slots, data, None)
+    }
+
+    /// An import, with the source's lease clock at its export answer if
+    /// given.
+    fn import_at(
+        &mut self,
+        id: u64,
+        epoch: u64,
+        slots: SlotSet,
+        data: Vec<u8>,
+        export_clock_ms: Option<u64>,
+    ) -> Result<Reply, LockError> {
         self.apply(Command::ImportSlots {
             migration_id: id,
             epoch,
             slots,
             data,
             clock_offset_allowance_ms: 500,
+            export_clock_ms,
         })
+    }
+
+    /// The source's export and its lease clock at the answer.
+    fn export_with_clock(&mut self, id: u64, slots: SlotSet) -> (Vec<u8>, u64) {
+        match self.apply(Command::ExportSlots {
+            migration_id: id,
+            slots,
+        }) {
+            Ok(Reply::Exported { data, clock_ms, .. }) => (data, clock_ms),
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+
+    /// Applies a `Tick` at `now_ms`; how many resources are held after.
+    fn held_after_tick_at(&mut self, now_ms: u64) -> usize {
+        self.now_ms = now_ms;
+        self.apply(Command::Tick).unwrap();
+        self.table.held_count()
     }
 }
 
@@ -195,7 +232,10 @@ fn waiters_move_in_order_and_are_told_their_wait_moved() {
         .collect();
     assert_eq!(moved, vec![LeaseId([2; 16]), LeaseId([3; 16])]);
     assert_eq!(src.table.waiter_count(), 0);
-    let Ok(Reply::Exported { data, resources }) = out.reply else {
+    let Ok(Reply::Exported {
+        data, resources, ..
+    }) = out.reply
+    else {
         panic!("{:?}", out.reply)
     };
     assert_eq!(resources, 1);
@@ -624,4 +664,63 @@ fn an_inconsistent_export_is_refused_whole() {
     assert_eq!(dst.table.held_count(), 0);
     assert!(!dst.table.owns(&r), "a refused import takes no slots");
     dst.table.check_invariants().unwrap();
+}
+
+/// Two shards' lease clocks need not agree: each starts from a wall clock
+/// once and then runs on leaders' monotonic clocks. An import that carries
+/// the source's clock keeps what was left of each lease, measured from the
+/// import, whether the target's clock reads a minute behind or ahead.
+#[test]
+fn an_imported_lease_keeps_the_time_it_had_left_whatever_the_two_lease_clocks_read() {
+    let r = name("acme/clocks");
+    let slot = slot_of(&r);
+    for target_offset_ms in [-60_000i64, 0, 60_000] {
+        let mut src = Shard::new(1, SlotSet::full());
+        src.acquire(&r, "a", 1, 0).unwrap(); // TTL 10 s at T0
+        src.now_ms = T0 + 4_000; // 6 s left at the export
+        let (data, clock_ms) = src.export_with_clock(1, only(slot));
+        assert_eq!(clock_ms, T0 + 4_000);
+
+        let target_t0 = T0.saturating_add_signed(target_offset_ms);
+        let mut dst = Shard::new_at(2, SlotSet::EMPTY, target_t0);
+        let import_at = target_t0 + 4_100;
+        dst.now_ms = import_at;
+        dst.import_at(1, 5, only(slot), data, Some(clock_ms))
+            .unwrap();
+        // 6 s left (plus the 500 ms allowance) from the import, on the
+        // target's clock.
+        assert_eq!(
+            dst.held_after_tick_at(import_at + 5_900),
+            1,
+            "{target_offset_ms}"
+        );
+        assert_eq!(
+            dst.held_after_tick_at(import_at + 6_400),
+            1,
+            "{target_offset_ms}"
+        );
+        assert_eq!(
+            dst.held_after_tick_at(import_at + 6_600),
+            0,
+            "{target_offset_ms}"
+        );
+    }
+}
+
+/// Without the source's clock (the form a node of the previous release
+/// sends) times are taken as they are: a target whose lease clock reads a
+/// minute ahead would end the lease at once. This is why the orchestrator
+/// sends the clock whenever the target's replicas read it.
+#[test]
+fn an_import_without_the_source_clock_takes_times_as_they_are() {
+    let r = name("acme/clocks");
+    let slot = slot_of(&r);
+    let mut src = Shard::new(1, SlotSet::full());
+    src.acquire(&r, "a", 1, 0).unwrap();
+    src.now_ms = T0 + 4_000;
+    let data = src.export(1, only(slot)).unwrap();
+    let mut dst = Shard::new(2, SlotSet::EMPTY);
+    dst.now_ms = T0 + 64_000;
+    dst.import(1, 5, only(slot), data).unwrap();
+    assert_eq!(dst.held_after_tick_at(T0 + 64_001), 0);
 }

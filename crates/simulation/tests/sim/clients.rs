@@ -568,7 +568,13 @@ impl Clients {
         let latency = world
             .rng
             .random_range(REQUEST_LATENCY_MS.0..=REQUEST_LATENCY_MS.1);
-        world.schedule(world.now_ms + latency, Ev::Request { node, msg });
+        world.schedule(
+            world.now_ms + latency,
+            Ev::Request {
+                node,
+                msg: Box::new(msg),
+            },
+        );
         self.wake(world, client, timeout_at);
     }
 

@@ -275,7 +275,7 @@ pub fn run(options: &SimOptions) -> SimRun {
                 to,
                 envelopes,
             } => world.deliver(from, to, envelopes),
-            Ev::Request { node, msg } => world.step(node, vec![msg], false),
+            Ev::Request { node, msg } => world.step(node, vec![*msg], false),
             Ev::Tick { node, generation } => world.tick(node, generation),
             Ev::Restart { node } => world.start(node),
             Ev::Heal { links } => world.heal(links),

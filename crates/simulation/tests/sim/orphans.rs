@@ -50,7 +50,7 @@ fn drive(world: &mut World, ms: u64, hold: Option<u64>) -> Option<(u64, u64)> {
             Some(Ev::Tick { node, generation }) => world.tick(node, generation),
             Some(Ev::Restart { node }) => world.start(node),
             Some(Ev::Heal { links }) => world.heal(links),
-            Some(Ev::Request { node, msg }) => world.step(node, vec![msg], false),
+            Some(Ev::Request { node, msg }) => world.step(node, vec![*msg], false),
             Some(Ev::ClientWake { .. } | Ev::Nemesis | Ev::HealAll) | None => {}
         }
     }
@@ -243,10 +243,14 @@ fn a_waiter_moved_by_a_migration_without_its_caller_is_cancelled_on_the_target()
     );
     world.step(source_leader, vec![msg], false);
     drive(&mut world, 300, None);
-    let data = match exported.try_recv() {
-        Ok(Ok(Reply::Exported { data, resources })) => {
+    let (data, export_clock_ms) = match exported.try_recv() {
+        Ok(Ok(Reply::Exported {
+            data,
+            resources,
+            clock_ms,
+        })) => {
             assert_eq!(resources, 1);
-            data
+            (data, clock_ms)
         }
         other => panic!("export: {other:?}"),
     };
@@ -265,6 +269,7 @@ fn a_waiter_moved_by_a_migration_without_its_caller_is_cancelled_on_the_target()
             slots,
             data,
             clock_offset_allowance_ms: 0,
+            export_clock_ms: Some(export_clock_ms),
         },
     );
     world.step(target_leader, vec![msg], false);

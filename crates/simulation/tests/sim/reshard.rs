@@ -89,7 +89,7 @@ pub fn run_until(world: &mut World, ms: u64, mut done: impl FnMut(&World) -> boo
             Some(Ev::Tick { node, generation }) => world.tick(node, generation),
             Some(Ev::Restart { node }) => world.start(node),
             Some(Ev::Heal { links }) => world.heal(links),
-            Some(Ev::Request { node, msg }) => world.step(node, vec![msg], false),
+            Some(Ev::Request { node, msg }) => world.step(node, vec![*msg], false),
             Some(Ev::ClientWake { .. } | Ev::Nemesis | Ev::HealAll) | None => {}
         }
     }
@@ -278,7 +278,7 @@ impl<'w> SimCluster<'w> {
                     now + DELAYED_COPY_MS,
                     Ev::Request {
                         node: leader,
-                        msg: copy(),
+                        msg: Box::new(copy()),
                     },
                 );
                 return Err(wire(StoreError::Lock(LockError::MigrationRefused {
@@ -463,6 +463,11 @@ impl Cluster for SimCluster<'_> {
 
     fn clock_offset_allowance_ms(&self) -> u64 {
         super::world::CLOCK_OFFSET_ALLOWANCE_MS
+    }
+
+    async fn reads_import_at_clock(&self, _shard_id: u64) -> bool {
+        // Every simulated node runs this build.
+        true
     }
 }
 
@@ -900,6 +905,9 @@ impl Cluster for ArmAfter<'_, '_> {
     fn clock_offset_allowance_ms(&self) -> u64 {
         self.inner.clock_offset_allowance_ms()
     }
+    async fn reads_import_at_clock(&self, shard_id: u64) -> bool {
+        self.inner.reads_import_at_clock(shard_id).await
+    }
 }
 
 /// The exact state the orchestrator before these rules left behind (issue
@@ -977,6 +985,7 @@ fn a_stale_orchestrator_never_gives_back_slots_that_moved_on() {
                 slots: slot_set,
                 data,
                 clock_offset_allowance_ms: super::world::CLOCK_OFFSET_ALLOWANCE_MS,
+                export_clock_ms: None,
             },
         ));
         assert!(

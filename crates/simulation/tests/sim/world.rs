@@ -159,7 +159,8 @@ pub enum Ev {
     /// A client request reaching a node.
     Request {
         node: u64,
-        msg: StoreMsg,
+        // Boxed: a message is large next to the other events.
+        msg: Box<StoreMsg>,
     },
     Tick {
         node: u64,
