@@ -110,6 +110,13 @@ pub struct EdgeConfig {
     /// Requests one tenant may send at once above the sustained rate,
     /// 1..=1000000 (default 1000).
     pub tenant_burst: u64,
+    /// Free bytes the data directory's file system must keep: below it the
+    /// node refuses new acquires on the shards it leads (`SERVER_BUSY`,
+    /// saying why) until a quarter more than this is free again, so the
+    /// disk never fills under Raft's own writes (renewals, releases,
+    /// expiry, elections go on). 0..=1099511627776 (default 268435456, 256
+    /// MiB); 0 turns the check off.
+    pub min_free_disk_bytes: u64,
 }
 
 impl Default for EdgeConfig {
@@ -122,6 +129,7 @@ impl Default for EdgeConfig {
             handshake_timeout_ms: 10_000,
             tenant_requests_per_sec: 0,
             tenant_burst: 1_000,
+            min_free_disk_bytes: 256 << 20,
         }
     }
 }
@@ -159,6 +167,12 @@ impl EdgeConfig {
             0,
             10_000_000,
         )?;
-        check_range("edge.tenant_burst", self.tenant_burst, 1, 1_000_000)
+        check_range("edge.tenant_burst", self.tenant_burst, 1, 1_000_000)?;
+        check_range(
+            "edge.min_free_disk_bytes",
+            self.min_free_disk_bytes,
+            0,
+            1 << 40,
+        )
     }
 }

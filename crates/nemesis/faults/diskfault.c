@@ -7,6 +7,9 @@
  *   absent or empty   the call goes through unchanged
  *   "eio"             the call fails with EIO and syncs nothing
  *   "delay MS"        the call waits MS milliseconds, then goes through
+ *   "free BYTES"      syncs go through, and statvfs/fstatvfs report at most
+ *                     BYTES available: a disk running full, as the node's
+ *                     free-space watcher sees it
  *
  * Why a preload and not a device-mapper target or a FUSE file system: both
  * need kernel modules or devices this machine's containers do not have,
@@ -22,6 +25,7 @@
 #include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/statvfs.h>
 #include <sys/types.h>
 #include <time.h>
 #include <unistd.h>
@@ -102,4 +106,85 @@ int sync_file_range(int fd, off64_t offset, off64_t nbytes, unsigned int flags) 
         return -1;
     }
     return ((sync_range_fn)next(&real, "sync_file_range"))(fd, offset, nbytes, flags);
+}
+
+/* The "free BYTES" limit of the control file, or -1 when there is none. */
+static long long free_limit(void) {
+    const char *path = getenv("FENCELOCK_DISK_FAULT_FILE");
+    if (path == NULL) {
+        return -1;
+    }
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        return -1;
+    }
+    char verb[64];
+    ssize_t n = read(fd, verb, sizeof verb - 1);
+    close(fd);
+    if (n <= 0) {
+        return -1;
+    }
+    verb[n] = '\0';
+    if (strncmp(verb, "free ", 5) != 0) {
+        return -1;
+    }
+    long long bytes = strtoll(verb + 5, NULL, 10);
+    return bytes < 0 ? -1 : bytes;
+}
+
+/* Caps the available and free block counts at the control file's limit
+ * (statvfs and statvfs64 have the same fields). */
+#define CAP_FREE(st)                                                          \
+    do {                                                                      \
+        long long limit = free_limit();                                       \
+        if (limit >= 0 && (st)->f_frsize != 0) {                              \
+            unsigned long long blocks = (unsigned long long)limit / (st)->f_frsize; \
+            if ((st)->f_bavail > blocks) {                                    \
+                (st)->f_bavail = blocks;                                      \
+            }                                                                 \
+            if ((st)->f_bfree > blocks) {                                     \
+                (st)->f_bfree = blocks;                                       \
+            }                                                                 \
+        }                                                                     \
+    } while (0)
+
+typedef int (*statvfs_fn)(const char *, struct statvfs *);
+typedef int (*fstatvfs_fn)(int, struct statvfs *);
+typedef int (*statvfs64_fn)(const char *, struct statvfs64 *);
+typedef int (*fstatvfs64_fn)(int, struct statvfs64 *);
+
+int statvfs(const char *path, struct statvfs *st) {
+    static void *real;
+    int rc = ((statvfs_fn)next(&real, "statvfs"))(path, st);
+    if (rc == 0) {
+        CAP_FREE(st);
+    }
+    return rc;
+}
+
+int fstatvfs(int fd, struct statvfs *st) {
+    static void *real;
+    int rc = ((fstatvfs_fn)next(&real, "fstatvfs"))(fd, st);
+    if (rc == 0) {
+        CAP_FREE(st);
+    }
+    return rc;
+}
+
+int statvfs64(const char *path, struct statvfs64 *st) {
+    static void *real;
+    int rc = ((statvfs64_fn)next(&real, "statvfs64"))(path, st);
+    if (rc == 0) {
+        CAP_FREE(st);
+    }
+    return rc;
+}
+
+int fstatvfs64(int fd, struct statvfs64 *st) {
+    static void *real;
+    int rc = ((fstatvfs64_fn)next(&real, "fstatvfs64"))(fd, st);
+    if (rc == 0) {
+        CAP_FREE(st);
+    }
+    return rc;
 }

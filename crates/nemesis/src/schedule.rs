@@ -74,6 +74,10 @@ pub enum FaultKind {
     /// leases it inherits must not end early. Healed by stepping it back,
     /// on a node that now leads.
     ClockJump,
+    /// The busiest leader's disk reports no free space: it must refuse new
+    /// acquires on its shards (`SERVER_BUSY`, saying why) while renewals
+    /// and releases go on, and take acquires again once space returns.
+    DiskFull,
     /// The busiest leader's clocks, monotonic and wall, run 1% fast or
     /// slow: the documented drift bound (docs/safety.md, A2).
     ClockDrift,
@@ -89,7 +93,7 @@ pub enum Family {
 }
 
 impl FaultKind {
-    pub const ALL: [FaultKind; 16] = [
+    pub const ALL: [FaultKind; 17] = [
         FaultKind::KillNode,
         FaultKind::KillLeaders,
         FaultKind::PauseNode,
@@ -104,6 +108,7 @@ impl FaultKind {
         FaultKind::DiskEio,
         FaultKind::DiskSlow,
         FaultKind::DiskCorrupt,
+        FaultKind::DiskFull,
         FaultKind::ClockJump,
         FaultKind::ClockDrift,
     ];
@@ -140,6 +145,7 @@ impl FaultKind {
             FaultKind::DiskSlow => "disk-slow",
             FaultKind::DiskCorrupt => "disk-corrupt",
             FaultKind::ClockJump => "clock-jump",
+            FaultKind::DiskFull => "disk-full",
             FaultKind::ClockDrift => "clock-drift",
         }
     }
@@ -156,7 +162,8 @@ impl FaultKind {
             | FaultKind::DiskSlow
             | FaultKind::DiskCorrupt
             | FaultKind::ClockJump
-            | FaultKind::ClockDrift => Family::NodeProcess,
+            | FaultKind::ClockDrift
+            | FaultKind::DiskFull => Family::NodeProcess,
             // It also cuts the network.
             FaultKind::FpSlowLeaderSync => Family::Network,
             FaultKind::PauseClient => Family::ClientProcess,
@@ -196,6 +203,8 @@ impl FaultKind {
             // Down like a killed node meanwhile.
             FaultKind::DiskCorrupt => (1_500, 4_000),
             FaultKind::ClockJump => (3_000, 6_000),
+            // Past the watcher's one-second reading, both ways.
+            FaultKind::DiskFull => (3_000, 6_000),
             FaultKind::ClockDrift => (4_000, 8_000),
         }
     }
@@ -208,7 +217,7 @@ impl fmt::Display for FaultKind {
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
-#[error("unknown fault kind {0:?}; known: kill-node, kill-leaders, pause-node, pause-client, isolate-node, isolate-leader, lose-majority, ring, transfer-leaders, move-replica, migrate-slots, disk-eio, disk-slow, disk-corrupt, clock-jump, clock-drift, or all; fp-crash-after-persist, fp-drop-replies, fp-slow-leader-sync, fp-crash-in-snapshot-install, or failpoints")]
+#[error("unknown fault kind {0:?}; known: kill-node, kill-leaders, pause-node, pause-client, isolate-node, isolate-leader, lose-majority, ring, transfer-leaders, move-replica, migrate-slots, disk-eio, disk-slow, disk-corrupt, disk-full, clock-jump, clock-drift, or all; fp-crash-after-persist, fp-drop-replies, fp-slow-leader-sync, fp-crash-in-snapshot-install, or failpoints")]
 pub struct UnknownFault(pub String);
 
 impl FromStr for FaultKind {

@@ -61,6 +61,18 @@ pub enum ServerError {
     /// The node's request queue is full.
     #[error("the node's request queue is full")]
     ServerBusy,
+    /// The data directory's disk has less free space than
+    /// `edge.min_free_disk_bytes`: new acquires are refused (as
+    /// `SERVER_BUSY`) until space returns.
+    #[error(
+        "the leader's disk is low ({free_bytes} bytes free, below edge.min_free_disk_bytes = \
+         {min_free_bytes}): new acquires are refused until space returns; renewals and \
+         releases go on"
+    )]
+    DiskLow {
+        free_bytes: u64,
+        min_free_bytes: u64,
+    },
     /// The node is shutting down.
     #[error("the node is shutting down")]
     ShuttingDown,
@@ -199,6 +211,7 @@ impl ServerError {
             },
             ServerError::Placement(e) => S::Placement(e.clone()),
             ServerError::ServerBusy
+            | ServerError::DiskLow { .. }
             | ServerError::Config(_)
             | ServerError::Routing(_)
             | ServerError::PermissionDenied(_)
@@ -214,7 +227,7 @@ impl ServerError {
             return store.reason();
         }
         match self {
-            ServerError::ServerBusy => Reason::ServerBusy,
+            ServerError::ServerBusy | ServerError::DiskLow { .. } => Reason::ServerBusy,
             ServerError::PermissionDenied(_) => Reason::PermissionDenied,
             ServerError::RateLimited { .. } => Reason::RateLimited,
             ServerError::Routing(_) => Reason::EpochNotMatch,
@@ -235,6 +248,10 @@ impl ServerError {
         match self {
             ServerError::ServerBusy => ErrorDetail {
                 retry_after_ms: SERVER_BUSY_RETRY_AFTER_MS,
+                ..base
+            },
+            ServerError::DiskLow { .. } => ErrorDetail {
+                retry_after_ms: crate::disk_space::DISK_LOW_RETRY_AFTER_MS,
                 ..base
             },
             ServerError::Routing(_) => ErrorDetail {

@@ -39,6 +39,7 @@ pub use fencelock_config as config;
 /// The audit log is written by the store loop at apply; it lives there.
 pub use store::audit;
 pub mod control;
+pub mod disk_space;
 pub mod errors;
 pub mod lifecycle;
 pub mod logging;

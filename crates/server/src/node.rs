@@ -55,6 +55,8 @@ pub struct Node {
     /// The meta leader's look for migrations left open.
     reshard_task: tokio::task::JoinHandle<()>,
     epoch_task: tokio::task::JoinHandle<()>,
+    /// Watches the data directory's free space (`edge.min_free_disk_bytes`).
+    disk_task: tokio::task::JoinHandle<()>,
     /// The controller's own rounds (absent with repair, balance and split
     /// by load all off).
     repair_task: Option<tokio::task::JoinHandle<()>>,
@@ -89,6 +91,7 @@ pub struct NodeView {
     life: Arc<Lifecycle>,
     audit: AuditStats,
     engine: Arc<RocksEngine>,
+    disk: Arc<crate::disk_space::DiskSpace>,
     /// Running without TLS (`tls.insecure = true`): the status page warns.
     pub insecure: bool,
 }
@@ -114,6 +117,8 @@ impl NodeView {
             audit_dropped_total: self.audit.dropped_total(),
             engine_memory: self.engine.memory(),
             resident_bytes: crate::metrics::resident_bytes(),
+            disk_free_bytes: self.disk.free_bytes(),
+            disk_low: self.disk.is_low(),
         }
     }
 }
@@ -466,6 +471,11 @@ impl Node {
         )));
         let (store_tx, store_rx) = crossbeam_channel::bounded(config.raft.store_queue_depth);
         let status = Arc::new(Mutex::new(Vec::new()));
+        let disk = crate::disk_space::DiskSpace::new(config.edge.min_free_disk_bytes);
+        let disk_task = tokio::spawn(crate::disk_space::watch(
+            config.data_dir.clone(),
+            disk.clone(),
+        ));
         let router = Arc::new(Router::new(config.peer_map()));
         let peers = Arc::new(PeerChannels::new(tls.clone()));
         let default_ttl = config.lock.default_lease_ttl_ms;
@@ -513,7 +523,8 @@ impl Node {
         .with_rate_limit(Arc::new(TenantRateLimiter::new(
             config.edge.tenant_requests_per_sec,
             config.edge.tenant_burst,
-        )));
+        )))
+        .with_disk_space(disk.clone());
         let control = crate::control::NodeControlImpl::new(
             config.node_id,
             store_tx.clone(),
@@ -641,6 +652,7 @@ impl Node {
             life: life.clone(),
             audit: audit.stats(),
             engine,
+            disk,
             insecure: !secure,
         });
         let (admin_addr, http_stop, http_task) = match admin_listener {
@@ -675,6 +687,7 @@ impl Node {
             map_task,
             reshard_task,
             epoch_task,
+            disk_task,
             repair_task,
             ops,
             metrics,
@@ -811,6 +824,7 @@ impl Node {
         self.map_task.abort();
         self.reshard_task.abort();
         self.epoch_task.abort();
+        self.disk_task.abort();
         if let Some(task) = &self.repair_task {
             task.abort();
         }
@@ -854,6 +868,7 @@ impl Drop for Node {
         self.map_task.abort();
         self.reshard_task.abort();
         self.epoch_task.abort();
+        self.disk_task.abort();
         if let Some(task) = &self.repair_task {
             task.abort();
         }

@@ -34,6 +34,7 @@ use tokio::sync::oneshot;
 use tonic::transport::Channel;
 use tonic::{Request, Response, Status};
 
+use crate::disk_space::DiskSpace;
 use crate::errors::ServerError;
 use crate::lifecycle::Lifecycle;
 use crate::metrics::{Metrics, Op, Outcome};
@@ -116,6 +117,8 @@ pub struct LockServiceImpl {
     life: Arc<Lifecycle>,
     /// Per-tenant request rate on this node (`edge.tenant_requests_per_sec`).
     rate: Arc<TenantRateLimiter>,
+    /// The data directory's free space (`edge.min_free_disk_bytes`).
+    disk: Arc<DiskSpace>,
 }
 
 impl LockServiceImpl {
@@ -137,7 +140,14 @@ impl LockServiceImpl {
             metrics,
             life,
             rate: Arc::new(TenantRateLimiter::new(0, 1)),
+            disk: DiskSpace::new(0),
         }
+    }
+
+    /// Refuses new acquires on this node's shards while `disk` is low.
+    pub fn with_disk_space(mut self, disk: Arc<DiskSpace>) -> Self {
+        self.disk = disk;
+        self
     }
 
     /// Limits each tenant's request rate on this node.
@@ -360,6 +370,9 @@ impl LockServiceImpl {
         lease_ttl_ms: u64,
         wait_timeout_ms: u64,
     ) -> Result<AcquireResponse, ServerError> {
+        // This node proposes (it leads the shard, or its store answers
+        // NOT_LEADER): its own disk takes the new state.
+        self.disk.check_acquire()?;
         let (tx, rx) = oneshot::channel();
         self.send(StoreMsg::Propose {
             shard_id,

@@ -61,6 +61,11 @@ pub enum DiskFault {
     Slow {
         delay_ms: u64,
     },
+    /// Syncs go through; statvfs says at most this many bytes are free (a
+    /// disk running full, as the node's free-space watcher sees it).
+    Low {
+        free_bytes: u64,
+    },
 }
 
 /// What a node's clocks do (the LD_PRELOAD layer in
@@ -316,6 +321,7 @@ impl Cluster {
             DiskFault::Healthy => String::new(),
             DiskFault::Eio => "eio".to_owned(),
             DiskFault::Slow { delay_ms } => format!("delay {delay_ms}"),
+            DiskFault::Low { free_bytes } => format!("free {free_bytes}"),
         };
         std::fs::write(self.disk_fault_path(id), verb).map_err(|source| ClusterError::Io {
             id,

@@ -242,6 +242,7 @@ impl<'a> Nemesis<'a> {
             FaultKind::DiskSlow => self.slow_disk(pick).await,
             FaultKind::DiskCorrupt => self.corrupt_disk(pick).await,
             FaultKind::ClockJump => self.clock_jump(pick).await,
+            FaultKind::DiskFull => self.full_disk().await,
             FaultKind::ClockDrift => self.clock_drift(pick).await,
         }
     }
@@ -402,6 +403,27 @@ impl<'a> Nemesis<'a> {
             Ok(()) => (
                 format!("node {node}'s clocks run {rate_ppm:+} ppm"),
                 Active::ClearClock(node),
+            ),
+            Err(e) => (format!("{SKIPPED}{e}"), Active::Nothing),
+        }
+    }
+
+    /// The busiest leader's disk reports no free space from now on.
+    async fn full_disk(&mut self) -> (String, Active) {
+        let node = match self.cluster.busiest_leader().await {
+            Ok((node, _)) => node,
+            Err(e) => return (format!("{SKIPPED}{e}"), Active::Nothing),
+        };
+        match self
+            .cluster
+            .set_disk_fault(node, DiskFault::Low { free_bytes: 0 })
+        {
+            Ok(()) => (
+                format!("node {node}'s disk reports no free space"),
+                Active::HealDisk {
+                    node,
+                    must_stop: false,
+                },
             ),
             Err(e) => (format!("{SKIPPED}{e}"), Active::Nothing),
         }
@@ -668,7 +690,7 @@ impl<'a> Nemesis<'a> {
                     Err(e) => format!("clearing the fault failed: {e}; "),
                 };
                 if !must_stop {
-                    return format!("{cleared}node {node}'s disk is fast again");
+                    return format!("{cleared}node {node}'s disk is healthy again");
                 }
                 // Stopped on its failed fsync, as it must: reaped here, so
                 // it is not counted as a crash, and restarted.

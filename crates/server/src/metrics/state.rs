@@ -39,6 +39,8 @@ struct NodeGauges {
     audit_lines: IntCounter,
     audit_dropped: IntCounter,
     resident_bytes: IntGauge,
+    disk_free_bytes: IntGauge,
+    disk_low: IntGauge,
     memtable_bytes: IntGauge,
     block_cache_bytes: IntGauge,
     table_readers_bytes: IntGauge,
@@ -60,6 +62,11 @@ pub struct NodeSnapshot {
     pub engine_memory: fencelock_storage::EngineMemory,
     /// The process's resident set size.
     pub resident_bytes: u64,
+    /// Free bytes on the data directory's file system at the last check
+    /// (`u64::MAX` before the first).
+    pub disk_free_bytes: u64,
+    /// Whether new acquires are refused for want of disk space.
+    pub disk_low: bool,
 }
 
 /// Every scrape-time gauge.
@@ -193,6 +200,16 @@ impl StateGauges {
                 "fencelock_process_resident_memory_bytes",
                 "Resident set size of the node process.",
             ),
+            disk_free_bytes: gauge(
+                r,
+                "fencelock_disk_free_bytes",
+                "Free bytes on the data directory's file system, read every second.",
+            ),
+            disk_low: gauge(
+                r,
+                "fencelock_disk_low",
+                "1 while the data directory's free space is below edge.min_free_disk_bytes and new acquires are refused, else 0.",
+            ),
             memtable_bytes: gauge(
                 r,
                 "fencelock_storage_memtable_bytes",
@@ -270,6 +287,15 @@ impl StateGauges {
         let memory = &snap.engine_memory;
         for (g, bytes) in [
             (&n.resident_bytes, snap.resident_bytes),
+            (
+                &n.disk_free_bytes,
+                if snap.disk_free_bytes == u64::MAX {
+                    0
+                } else {
+                    snap.disk_free_bytes
+                },
+            ),
+            (&n.disk_low, u64::from(snap.disk_low)),
             (&n.memtable_bytes, memory.memtable_bytes),
             (&n.block_cache_bytes, memory.block_cache_bytes),
             (&n.table_readers_bytes, memory.table_readers_bytes),

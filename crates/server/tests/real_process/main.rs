@@ -14,6 +14,7 @@ mod config_docs;
 mod deploy;
 mod deploy_prometheus;
 mod dev_cluster;
+mod disk_full;
 mod fail_stop;
 mod operations;
 mod process;
