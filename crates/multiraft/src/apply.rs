@@ -19,6 +19,14 @@ use crate::msg::{AcquireResult, Caller, ReadReply, Responder};
 use crate::replica::{Orphan, Peer, Taken, Waiting};
 use crate::{decode_payload, observe, Payload, StoreError, ORPHAN_SCANS_PER_GRACE};
 
+/// What a node that meets a committed entry or a snapshot it cannot read
+/// is told (it stops rather than skip it: every replica must apply the
+/// same log).
+pub(crate) const UNREADABLE_FORMAT: &str = "Most likely another member runs a newer fencelock \
+     that wrote a format this build does not know: upgrade this node (docs/operations.md, \
+     \"Upgrades and the placement log\"); it catches up from where it stopped. Otherwise \
+     the log is damaged: replace this node's replicas from their peers";
+
 pub(crate) fn apply_entries(
     peer: &mut Peer,
     entries: Vec<Entry>,
@@ -71,7 +79,7 @@ pub(crate) fn apply_entries(
         let (now_ms, payload) = match decode_payload(&entry.data) {
             Ok(p) => p,
             Err(e) => panic!(
-                "fencelock: shard {} entry {} does not decode: {e}",
+                "fencelock: shard {} entry {} does not decode: {e}. {UNREADABLE_FORMAT}",
                 peer.shard_id, entry.index
             ),
         };

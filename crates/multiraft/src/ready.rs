@@ -177,7 +177,10 @@ impl Store {
                         obs.metrics.snapshots_installed.inc();
                     }
                     Err(e) => {
-                        panic!("fencelock: shard {shard_id} received a corrupt snapshot: {e}")
+                        panic!(
+                            "fencelock: shard {shard_id} received a snapshot it cannot read: {e}. {}",
+                            crate::apply::UNREADABLE_FORMAT
+                        )
                     }
                 }
             }
