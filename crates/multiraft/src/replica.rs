@@ -242,6 +242,12 @@ pub struct ShardStatus {
     /// The hottest resources while this replica leads, most acquired first
     /// (at most [`HOT_REPORTED_PER_SHARD`]).
     pub hot: Vec<HotEntry>,
+    /// While this replica leads: how far its wall clock is ahead of the
+    /// shard's lease clock (negative: behind), in ms, so the edge can show
+    /// lease times (`expires_at_ms`) as wall-clock times. The lease clock
+    /// never follows the wall clock (see [`lease_clock_start`]); this is
+    /// for display only. 0 when not leading.
+    pub lease_clock_behind_wall_ms: i64,
 }
 
 /// Answers everything waiting on `peer` with `e`.

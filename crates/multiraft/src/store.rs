@@ -561,6 +561,7 @@ impl Store {
 
     pub(crate) fn publish_status(&mut self) {
         let now = self.time.now();
+        let wall_ms = self.time.wall_ms();
         for p in self.peers.values_mut() {
             if p.raw.raft.leader_id == 0 {
                 p.leaderless_since.get_or_insert(now);
@@ -600,6 +601,10 @@ impl Store {
                     } else {
                         Vec::new()
                     },
+                    lease_clock_behind_wall_ms: p
+                        .clock
+                        .filter(|_| p.is_leader())
+                        .map_or(0, |c| wall_ms as i64 - c.now_ms(now) as i64),
                 }
             })
             .collect();

@@ -524,7 +524,8 @@ impl Node {
             config.edge.tenant_requests_per_sec,
             config.edge.tenant_burst,
         )))
-        .with_disk_space(disk.clone());
+        .with_disk_space(disk.clone())
+        .with_shard_status(status.clone());
         let control = crate::control::NodeControlImpl::new(
             config.node_id,
             store_tx.clone(),

@@ -42,7 +42,7 @@ use crate::peers::PeerChannels;
 use crate::router::Router;
 use crate::security::rate::TenantRateLimiter;
 use crate::security::{identity_of, relayed_of, Identity};
-use crate::store::{Caller, Responder, StoreMsg, StoreSender};
+use crate::store::{Caller, Responder, ShardStatus, StoreMsg, StoreSender};
 use crate::validate::{lease_id, resource};
 use fencelock_api::headers::IDENTITY_HEADER;
 
@@ -119,6 +119,10 @@ pub struct LockServiceImpl {
     rate: Arc<TenantRateLimiter>,
     /// The data directory's free space (`edge.min_free_disk_bytes`).
     disk: Arc<DiskSpace>,
+    /// What the store publishes per shard: here, how far each led shard's
+    /// lease clock is behind the wall clock, to show lease times as wall
+    /// times.
+    shard_status: Arc<std::sync::Mutex<Vec<ShardStatus>>>,
 }
 
 impl LockServiceImpl {
@@ -141,6 +145,38 @@ impl LockServiceImpl {
             life,
             rate: Arc::new(TenantRateLimiter::new(0, 1)),
             disk: DiskSpace::new(0),
+            shard_status: Arc::default(),
+        }
+    }
+
+    /// Shows lease times as wall-clock times from the store's published
+    /// status (without it they are left on the lease clock).
+    pub fn with_shard_status(mut self, status: Arc<std::sync::Mutex<Vec<ShardStatus>>>) -> Self {
+        self.shard_status = status;
+        self
+    }
+
+    /// `lease_ms` (a time on `shard_id`'s lease clock, 0 = none) as this
+    /// node's wall-clock time: the lease clock never follows the wall
+    /// clock, and after leader changes it runs behind it
+    /// (docs/safety.md, "Time and leases"). Display only: nothing decides
+    /// by it.
+    fn wall_time(&self, shard_id: u64, lease_ms: u64) -> u64 {
+        if lease_ms == 0 {
+            return 0;
+        }
+        let behind = self.shard_status.lock().ok().and_then(|s| {
+            s.iter()
+                .find(|st| st.shard_id == shard_id && st.is_leader)
+                .map(|st| st.lease_clock_behind_wall_ms)
+        });
+        lease_ms.saturating_add_signed(behind.unwrap_or(0))
+    }
+
+    fn renewed(&self, shard_id: u64, r: Renewed) -> RenewResponse {
+        RenewResponse {
+            expires_at_ms: self.wall_time(shard_id, r.expires_at_ms),
+            lease_ttl_ms: r.lease_ttl_ms,
         }
     }
 
@@ -392,7 +428,16 @@ impl LockServiceImpl {
         let reply = rx
             .await
             .map_err(|_| ServerError::ShuttingDown)?
-            .map_err(ServerError::from)?;
+            .map_err(|e| match ServerError::from(e) {
+                ServerError::Lock(LockError::LockHeld {
+                    holder_expires_at_ms,
+                    queue_len,
+                }) => ServerError::Lock(LockError::LockHeld {
+                    holder_expires_at_ms: self.wall_time(shard_id, holder_expires_at_ms),
+                    queue_len,
+                }),
+                other => other,
+            })?;
         let (token, expires_at_ms, ttl, state) = match reply.status {
             AcquireStatus::Held {
                 token,
@@ -420,7 +465,7 @@ impl LockServiceImpl {
         Ok(AcquireResponse {
             lease_id: reply.lease_id.0.to_vec(),
             fencing_token: token.as_i64(),
-            expires_at_ms,
+            expires_at_ms: self.wall_time(shard_id, expires_at_ms),
             lease_ttl_ms: ttl,
             deduplicated: reply.deduplicated,
             lease_state: state as i32,
@@ -454,7 +499,7 @@ impl LockServiceImpl {
                 // (docs/testing.md).
                 held: true,
                 fencing_token: v.token.as_i64(),
-                expires_at_ms: v.expires_at_ms,
+                expires_at_ms: self.wall_time(shard_id, v.expires_at_ms),
                 queue_length: v.queue_len,
                 last_token: v.token.as_i64(),
                 shard_id,
@@ -497,7 +542,7 @@ impl LockServiceImpl {
                 return each
                     .into_iter()
                     .map(|r| match r {
-                        Ok(ok) => Outcome::Renewed(renewed(ok)),
+                        Ok(ok) => Outcome::Renewed(self.renewed(shard_id, ok)),
                         Err(e) => Outcome::Error(with_shard(ServerError::Lock(e), shard_id)),
                     })
                     .collect()
@@ -594,13 +639,6 @@ fn random_lease_id() -> LeaseId {
     LeaseId(rand::random())
 }
 
-fn renewed(r: Renewed) -> RenewResponse {
-    RenewResponse {
-        expires_at_ms: r.expires_at_ms,
-        lease_ttl_ms: r.lease_ttl_ms,
-    }
-}
-
 impl LockServiceImpl {
     async fn serve_acquire(
         &self,
@@ -661,7 +699,7 @@ impl LockServiceImpl {
                 };
                 async move {
                     match self.propose(shard_id, command).await? {
-                        Reply::Renewed(r) => Ok(renewed(r)),
+                        Reply::Renewed(r) => Ok(self.renewed(shard_id, r)),
                         other => Err(ServerError::Internal(format!("unexpected reply {other:?}"))),
                     }
                 }

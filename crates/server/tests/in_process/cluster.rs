@@ -766,3 +766,56 @@ async fn a_taken_port_fails_the_start_with_a_listen_error_naming_the_address() {
         "{text}"
     );
 }
+
+fn wall_now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+}
+
+/// A whole-cluster outage: no node can measure how long it lasted without
+/// trusting a wall clock, so lease time stands still while every node is
+/// down (a lease is never shortened by it) and the shards' lease clocks
+/// come back behind the wall clock. Answers still show expiry as wall-clock
+/// time: the node converts from the lease clock it leads.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn after_a_whole_cluster_outage_leases_are_kept_and_expiry_reads_as_wall_time() {
+    const TTL_MS: u64 = 20_000;
+    const DOWN_MS: u64 = 3_000;
+    let mut cluster = Cluster::start(3, |_| {}).await;
+    let granted_at = wall_now_ms();
+    let granted = acquire(&cluster, 1, acquire_req("acme/outage", "o1", TTL_MS, 0))
+        .await
+        .expect("granted");
+    let before = get(&cluster, 1, "acme/outage").await.unwrap();
+    assert!(before.held);
+
+    for id in 1..=3 {
+        cluster.crash(id).await;
+    }
+    tokio::time::sleep(Duration::from_millis(DOWN_MS)).await;
+    for id in 1..=3 {
+        cluster.restart(id).await;
+    }
+    cluster.wait_for_leaders(Duration::from_secs(30)).await;
+
+    let after = get(&cluster, 1, "acme/outage").await.unwrap();
+    let now = wall_now_ms();
+    assert!(after.held, "{after:?}");
+    assert_eq!(after.fencing_token, granted.fencing_token);
+    // On the lease clock the expiry is where it was (plus the allowance a
+    // new leader adds); on the wall clock it moved out by the outage.
+    assert!(
+        after.expires_at_ms >= granted_at + TTL_MS + DOWN_MS,
+        "expiry {} not shown as wall time after a {DOWN_MS} ms outage (granted at {granted_at})",
+        after.expires_at_ms
+    );
+    // And never more than what the lease can still have: its TTL, the
+    // allowance, and the time nobody could measure.
+    assert!(
+        after.expires_at_ms <= now + TTL_MS + 1_000,
+        "expiry {} vs now {now}",
+        after.expires_at_ms
+    );
+}
