@@ -110,6 +110,22 @@ soak: deps
 		--rate $(SOAK_RATE) $(if $(SOAK_SEED),--seed $(SOAK_SEED)) \
 		$(if $(SOAK_OUT),--out $(SOAK_OUT))
 
+# A rolling upgrade under load (docs/operations.md, "Upgrades"): the previous
+# release (PREVIOUS_RELEASE, a commit of this repository's history) is built
+# in a worktree with its own target directory, a 3-node cluster of it is
+# loaded, each node is stopped and started from this build in turn, and the
+# whole history is checked. UPGRADE_OUT keeps the history and logs.
+PREVIOUS_RELEASE ?= 73b04db
+PREVIOUS_DIR ?= $(HOME)/.cache/fencelock/previous-$(PREVIOUS_RELEASE)
+UPGRADE_OUT ?=
+.PHONY: upgrade-test
+upgrade-test: deps
+	$(CARGO) build --locked --workspace --all-targets
+	test -d $(PREVIOUS_DIR)/src || git worktree add --detach $(PREVIOUS_DIR)/src $(PREVIOUS_RELEASE)
+	cd $(PREVIOUS_DIR)/src && CARGO_TARGET_DIR=$(PREVIOUS_DIR)/target $(CARGO) build --locked --bin fencelock
+	$(CARGO_TARGET_DIR)/debug/nemesis upgrade --from $(PREVIOUS_DIR)/target/debug/fencelock \
+		$(if $(UPGRADE_OUT),--out $(UPGRADE_OUT))
+
 # ---- Fuzzing (fuzz/, docs/testing.md "Fuzzing") ---------------------------
 # Coverage-guided libFuzzer runs with cargo-fuzz, FUZZ_SECS seconds per
 # target (default 60), every target or the ones in FUZZ_TARGET

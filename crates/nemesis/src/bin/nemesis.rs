@@ -5,6 +5,7 @@
 //! nemesis run   [--seed N] [--duration-secs N] [--faults LIST] [--out DIR]
 //! nemesis soak  [--seed N] [--duration-secs N] [--fault-every-secs N]
 //!               [--faults LIST] [--rate N] [--out DIR]
+//! nemesis upgrade --from OLD_FENCELOCK [--seed N] [--out DIR]
 //! nemesis check HISTORY.jsonl [--liveness-bound-ms N]
 //! nemesis hold  ...            (started by the harness)
 //! ```
@@ -85,6 +86,21 @@ enum Cmd {
         #[arg(long)]
         out: Option<PathBuf>,
     },
+    /// A rolling upgrade under load: a cluster of the `--from` binary (the
+    /// previous release), each node stopped and started from this build's
+    /// `fencelock` in turn; the whole history is checked.
+    Upgrade {
+        /// The previous release's `fencelock` binary.
+        #[arg(long)]
+        from: PathBuf,
+        /// Seed of the load (default: from the clock; printed).
+        #[arg(long)]
+        seed: Option<u64>,
+        /// Keep history, configs, data and logs here (default: a temporary
+        /// directory, kept only if a check fails).
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
     /// Check a recorded history (JSONL) again.
     Check {
         history: PathBuf,
@@ -130,6 +146,29 @@ fn setup(
     Ok((kinds, bin, me, seed))
 }
 
+/// Prints a run's or soak's result (`print`) and says how the process
+/// exits: 0 if it `passed`, 1 if not, 2 if it could not be set up.
+fn exit_code<R, E: std::fmt::Display>(
+    result: Result<R, E>,
+    print: impl FnOnce(&R),
+    passed: impl FnOnce(&R) -> bool,
+) -> u8 {
+    match result {
+        Ok(result) => {
+            print(&result);
+            if passed(&result) {
+                0
+            } else {
+                EXIT_FAILED
+            }
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            EXIT_USAGE
+        }
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -160,20 +199,11 @@ async fn async_main(cli: Cli) -> u8 {
             cfg.kinds = kinds;
             cfg.out_dir = out;
             cfg.clients = clients;
-            match run::run(&cfg).await {
-                Ok(result) => {
-                    run::print_result(&cfg, &result);
-                    if result.passed() {
-                        0
-                    } else {
-                        EXIT_FAILED
-                    }
-                }
-                Err(e) => {
-                    eprintln!("error: {e}");
-                    EXIT_USAGE
-                }
-            }
+            exit_code(
+                run::run(&cfg).await,
+                |r| run::print_result(&cfg, r),
+                run::RunResult::passed,
+            )
         }
         Cmd::Soak {
             seed,
@@ -205,20 +235,31 @@ async fn async_main(cli: Cli) -> u8 {
             cfg.background.held = held;
             cfg.background.resources = held.saturating_mul(10);
             println!("soak seed {seed}; replay with: {}", cfg.replay_command());
-            match soak::soak(&cfg).await {
-                Ok(result) => {
-                    soak::print_result(&cfg, &result);
-                    if result.passed() {
-                        0
-                    } else {
-                        EXIT_FAILED
-                    }
-                }
+            exit_code(
+                soak::soak(&cfg).await,
+                |r| soak::print_result(&cfg, r),
+                soak::SoakResult::passed,
+            )
+        }
+        Cmd::Upgrade { from, seed, out } => {
+            if !from.is_file() {
+                eprintln!("error: --from {} is not a file", from.display());
+                return EXIT_USAGE;
+            }
+            let (_, bin, me, seed) = match setup("all", seed) {
+                Ok(s) => s,
                 Err(e) => {
                     eprintln!("error: {e}");
-                    EXIT_USAGE
+                    return EXIT_USAGE;
                 }
-            }
+            };
+            let mut cfg = run::RunConfig::new(seed, Duration::ZERO, bin, me);
+            cfg.out_dir = out;
+            exit_code(
+                run::rolling_upgrade(&cfg, &from).await,
+                |r| run::print_result(&cfg, r),
+                run::RunResult::passed,
+            )
         }
         Cmd::Check {
             history,

@@ -145,6 +145,9 @@ pub struct Cluster {
     pids: NodePids,
     /// The disk- and clock-fault layer every node is started with.
     disk_fault_layer: PathBuf,
+    /// Nodes started from another `fencelock` binary than `bin` (a rolling
+    /// upgrade: the previous release's, then this one's).
+    bins: BTreeMap<u64, PathBuf>,
 }
 
 /// Each node's current process id (absent while killed), shared with
@@ -233,6 +236,7 @@ impl Cluster {
             joined: Vec::new(),
             pids: NodePids::default(),
             disk_fault_layer,
+            bins: BTreeMap::new(),
         };
         for &id in &ids {
             cluster.write_config(id)?;
@@ -374,7 +378,7 @@ impl Cluster {
         let mut command = Command::new("ip");
         command
             .args(["netns", "exec", &self.net.netns(id)])
-            .arg(&self.bin)
+            .arg(self.bins.get(&id).unwrap_or(&self.bin))
             .arg("serve")
             .arg("--config")
             .arg(self.config_path(id))
@@ -434,6 +438,46 @@ impl Cluster {
             p.state = NodeState::Killed;
             self.pids.set(id, None);
         }
+    }
+
+    /// Runs node `id` from `bin` from its next start on.
+    pub fn set_bin(&mut self, id: u64, bin: &Path) {
+        self.bins.insert(id, bin.to_owned());
+    }
+
+    /// One step of a rolling upgrade: stops node `id` as an operator would
+    /// (SIGTERM: it hands its leaderships over and exits; SIGKILL after
+    /// `within`), then starts it from `bin` on the same data directory.
+    /// Returns how the old process ended.
+    pub async fn upgrade(
+        &mut self,
+        id: u64,
+        bin: &Path,
+        within: Duration,
+    ) -> Result<String, ClusterError> {
+        let mut ended = "was not running".to_owned();
+        if let Some(p) = self.procs.get_mut(&id) {
+            if let Some(mut child) = p.child.take() {
+                signal(child.id(), libc::SIGTERM);
+                let deadline = tokio::time::Instant::now() + within;
+                ended = loop {
+                    if let Ok(Some(status)) = child.try_wait() {
+                        break format!("stopped ({status})");
+                    }
+                    if tokio::time::Instant::now() > deadline {
+                        let _ = child.kill();
+                        let _ = child.wait();
+                        break format!("did not stop within {} ms: killed", within.as_millis());
+                    }
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                };
+            }
+            p.state = NodeState::Killed;
+            self.pids.set(id, None);
+        }
+        self.set_bin(id, bin);
+        self.spawn(id, None)?;
+        Ok(ended)
     }
 
     /// Starts a killed node again from its data directory.

@@ -151,6 +151,58 @@ pub async fn run(cfg: &RunConfig) -> Result<RunResult, RunError> {
     load.finish(cfg, cluster, dir, temporary, crashes).await
 }
 
+/// Load before the first node of a rolling upgrade is upgraded, and
+/// between one node's start and the next one's stop.
+const UPGRADE_GAP_MS: u64 = 8_000;
+/// How long an old node has for its graceful shutdown (SIGTERM) before it
+/// is killed.
+const UPGRADE_STOP_WITHIN_MS: u64 = 45_000;
+/// How long every shard has to have a leader again after a node's upgrade.
+const UPGRADE_READY_WITHIN_MS: u64 = 60_000;
+
+/// A rolling upgrade under load: the cluster starts from `from_bin` (the
+/// previous release), the recorded load runs, and each node in turn is
+/// stopped with SIGTERM and started from `cfg.fencelock_bin` on its data
+/// directory; the next waits until every shard has a leader again. Then
+/// the whole history goes through every checker, as after a chaos run
+/// (docs/operations.md, "Upgrades").
+pub async fn rolling_upgrade(
+    cfg: &RunConfig,
+    from_bin: &std::path::Path,
+) -> Result<RunResult, RunError> {
+    let (dir, temporary) = out_dir(cfg)?;
+    eprintln!(
+        "nemesis: rolling upgrade from {} to {}, seed {}, output in {}",
+        from_bin.display(),
+        cfg.fencelock_bin.display(),
+        cfg.seed,
+        dir.display()
+    );
+    let mut cluster = Cluster::start(from_bin, &dir, cfg.nodes, cfg.shard_count)?;
+    let mut load = Load::start(cfg, &cluster).await?;
+    let gap = Duration::from_millis(UPGRADE_GAP_MS);
+    tokio::time::sleep(gap).await;
+    for id in cluster.ids.clone() {
+        let ended = cluster
+            .upgrade(
+                id,
+                &cfg.fencelock_bin,
+                Duration::from_millis(UPGRADE_STOP_WITHIN_MS),
+            )
+            .await?;
+        let detail = format!("node {id} {ended}; started from the new build");
+        eprintln!("nemesis: upgrade: {detail}");
+        load.recorder
+            .nemesis("upgrade", crate::history::Phase::Start, detail);
+        cluster
+            .wait_ready(Duration::from_millis(UPGRADE_READY_WITHIN_MS))
+            .await?;
+        tokio::time::sleep(gap).await;
+    }
+    let crashes = inject(&mut cluster, &mut load, &[], None).await?;
+    load.finish(cfg, cluster, dir, temporary, crashes).await
+}
+
 /// Runs `steps` against the loaded cluster, then (once `until`, if given,
 /// has passed) heals everything, finishes an interrupted migration and lets
 /// the load settle. Returns the nodes that exited by themselves.

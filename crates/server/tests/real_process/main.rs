@@ -22,3 +22,4 @@ mod rolling_restart;
 mod security;
 mod serve_process;
 mod status_page;
+mod upgrade_fixture;
