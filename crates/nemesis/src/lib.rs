@@ -4,14 +4,14 @@
 //!
 //! The crate has two halves with a hard line between them:
 //!
-//! * **Pure** — [`history`] (the operation model and its JSONL form),
-//!   [`check`] (one checker per safety or liveness property, each a function
-//!   of a history), [`schedule`] (which faults happen when, a function of a
-//!   seed), [`retry`] (which refusals a recording client retries),
-//!   [`growth`] (whether a soak's resource samples are flat) and
-//!   [`report`]. No I/O, no clock: they are unit-tested on
-//!   hand-made histories, and a recorded history can be re-checked offline
-//!   with `nemesis check FILE`.
+//! * **Pure** — [`schedule`] (which faults happen when, a function of a
+//!   seed) and [`retry`] (which refusals a recording client retries) here;
+//!   the history, the checkers, the fenced resource, the growth fit and the
+//!   report live in `crates/checker` (`fencelock-checker`) and are
+//!   re-exported here under their old paths ([`history`], [`check`],
+//!   [`fence`], [`growth`], [`report`], [`clock`]). No I/O: they are
+//!   unit-tested on hand-made histories, and a recorded history can be
+//!   re-checked offline with `nemesis check FILE`.
 //! * **I/O** — [`harness`]: network namespaces and partitions, node
 //!   processes, the fenced resource, clients, the nemesis that executes a
 //!   schedule, and the run that ties them together. Behind the `harness`
@@ -22,13 +22,9 @@
 //! `docs/testing.md` lists every fault and checker and how to replay a
 //! failed run.
 
-pub mod check;
-pub mod clock;
-pub mod fence;
-pub mod growth;
 #[cfg(feature = "harness")]
 pub mod harness;
-pub mod history;
-pub mod report;
 pub mod retry;
 pub mod schedule;
+
+pub use fencelock_checker::{check, clock, fence, growth, history, report};
