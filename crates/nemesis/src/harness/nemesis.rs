@@ -355,24 +355,11 @@ impl<'a> Nemesis<'a> {
             if !votes_here || shard.leader_node_id == node {
                 continue;
             }
-            let shard_id = shard.shard_id;
-            let result = self
-                .admin(pick, |mut c| async move {
-                    c.transfer_leader(TransferLeaderRequest {
-                        shard_id,
-                        to_node_id: node,
-                    })
-                    .await
-                })
-                .await;
-            moved.push(match result {
-                Ok(_) => format!("shard {shard_id}"),
-                Err(e) => format!("shard {shard_id} failed ({e})"),
-            });
+            moved.push(self.transfer_leader(pick, shard.shard_id, node).await);
         }
         (
             format!(
-                "node {node}'s wall clock stepped {step_ms:+} ms, then made leader of {}",
+                "node {node}'s wall clock stepped {step_ms:+} ms, then leaderships moved to it: {}",
                 if moved.is_empty() {
                     "no shard".to_owned()
                 } else {
@@ -836,6 +823,23 @@ impl<'a> Nemesis<'a> {
         Err(last)
     }
 
+    /// Hands `shard_id`'s leadership to node `to`; says what happened.
+    async fn transfer_leader(&self, pick: u64, shard_id: u64, to: u64) -> String {
+        let result = self
+            .admin(pick, |mut c| async move {
+                c.transfer_leader(TransferLeaderRequest {
+                    shard_id,
+                    to_node_id: to,
+                })
+                .await
+            })
+            .await;
+        match result {
+            Ok(_) => format!("shard {shard_id} -> node {to}"),
+            Err(e) => format!("shard {shard_id} -> node {to} failed ({e})"),
+        }
+    }
+
     async fn transfer_leaders(&self, pick: u64) -> String {
         let list = match self.cluster.shards().await {
             Ok(list) => list,
@@ -854,20 +858,7 @@ impl<'a> Nemesis<'a> {
             let Some(&to) = voters.get((pick as usize / 7) % voters.len().max(1)) else {
                 continue;
             };
-            let shard_id = shard.shard_id;
-            let result = self
-                .admin(pick, |mut c| async move {
-                    c.transfer_leader(TransferLeaderRequest {
-                        shard_id,
-                        to_node_id: to,
-                    })
-                    .await
-                })
-                .await;
-            done.push(match result {
-                Ok(_) => format!("shard {shard_id} -> node {to}"),
-                Err(e) => format!("shard {shard_id} -> node {to} failed ({e})"),
-            });
+            done.push(self.transfer_leader(pick, shard.shard_id, to).await);
         }
         done.join("; ")
     }
