@@ -8,6 +8,7 @@ import {
   type ClientOptions,
   MAX_RENEW_BATCH,
   MAX_REQUEST_ID_LEN,
+  MAX_VALUE_LEN,
   MAX_WAIT_TIMEOUT_MS,
   type ResolvedOptions,
   resolveOptions,
@@ -62,6 +63,13 @@ export interface LockOptions {
    * its `requestId`): the answer is then the original grant, never a second.
    */
   requestId?: Uint8Array | string;
+  /**
+   * What the lease publishes while it holds (`get` returns it; at most 4096
+   * bytes): an elected leader's address, say. Refused with
+   * FEATURE_NOT_ENABLED while a member of the cluster runs a build without
+   * values.
+   */
+  value?: Uint8Array | string;
   /** Aborting it ends the call; a waiting acquire leaves the server's queue. */
   signal?: AbortSignal;
 }
@@ -253,12 +261,17 @@ export class Client implements LeaseOwner {
     } else {
       requestId = randomBytes(GENERATED_REQUEST_ID_LEN);
     }
+    const value = Buffer.from(options.value ?? "");
+    if (value.length > MAX_VALUE_LEN)
+      throw new FencelockError("INVALID_ARGUMENT", {
+        message: `value of ${value.length} bytes is over the maximum ${MAX_VALUE_LEN}`,
+      });
     const signal = options.signal;
     const deadline = now() + this.#options.callTimeoutMs + waitMs;
     const limit: AttemptLimit = waitMs > 0 ? "untilDeadline" : "bounded";
     let restarts = 0;
     for (;;) {
-      const request = wire.acquireRequest({ resource, requestId, leaseTtlMs: ttlMs, waitTimeoutMs: waitMs });
+      const request = wire.acquireRequest({ resource, requestId, leaseTtlMs: ttlMs, waitTimeoutMs: waitMs, value });
       let answer: Answer<AcquireResponse>;
       // Starting over with a new id is safe only when the old id's acquire
       // is known to hold nothing, and only for ids this client made up.
@@ -354,6 +367,24 @@ export class Client implements LeaseOwner {
       this.#keeperTimer = undefined;
       this.#keeperAt = Infinity;
     }
+  }
+
+  /** @internal Replaces a lease's value; answers its (unchanged) token. */
+  async proclaimLease(resource: string, leaseId: Buffer, value: Uint8Array | string): Promise<bigint> {
+    const bytes = Buffer.from(value);
+    if (bytes.length > MAX_VALUE_LEN)
+      throw new FencelockError("INVALID_ARGUMENT", {
+        message: `value of ${bytes.length} bytes is over the maximum ${MAX_VALUE_LEN}`,
+      });
+    const answer = await this.#call({
+      resource,
+      deadline: now() + this.#options.callTimeoutMs,
+      limit: "bounded",
+      method: "Proclaim",
+      request: wire.proclaimRequest({ resource, leaseId, value: bytes }),
+      decode: wire.proclaimResponse,
+    });
+    return answer.value.fencingToken;
   }
 
   /** @internal Ends a holding, retrying until the call's deadline. */

@@ -16,6 +16,8 @@ export const MAX_CALL_TIMEOUT_MS = 600_000;
 export const MAX_STOP_BY_MARGIN_PERCENT = 50;
 /** Longest request id the server accepts, in bytes. */
 export const MAX_REQUEST_ID_LEN = 64;
+/** Largest value a lease may publish (lock.proto `AcquireRequest.value`), in bytes. */
+export const MAX_VALUE_LEN = 4096;
 
 export const DEFAULTS = {
   callTimeoutMs: 10_000,

@@ -158,6 +158,7 @@ const DEFAULT_RETRY: Record<string, number> = {
   EPOCH_NOT_MATCH: RETRY_IMMEDIATELY,
   TENANT_QUOTA_EXCEEDED: RETRY_BACKOFF,
   RATE_LIMITED: RETRY_BACKOFF,
+  VALUES_FULL: RETRY_BACKOFF,
   INTERNAL: RETRY_BACKOFF,
   // Everything else (malformed requests, LEASE_NOT_HELD, HOLD_LIMIT_REACHED,
   // WAIT_CANCELLED, SHARD_NOT_FOUND, PERMISSION_DENIED, admin reasons,
@@ -182,6 +183,7 @@ export function grpcCodeOfReason(reason: string): number {
     case "REQUEST_ID_REUSED":
     case "INVALID_ADMIN_REQUEST":
     case "MALFORMED_REQUEST":
+    case "VALUE_TOO_LARGE":
       return GrpcStatus.INVALID_ARGUMENT;
     case "LOCK_HELD":
     case "WAIT_TIMED_OUT":
@@ -195,10 +197,12 @@ export function grpcCodeOfReason(reason: string): number {
     case "TENANT_QUOTA_EXCEEDED":
     case "RATE_LIMITED":
     case "MESSAGE_TOO_LARGE":
+    case "VALUES_FULL":
       return GrpcStatus.RESOURCE_EXHAUSTED;
     case "LEASE_NOT_HELD":
     case "HOLD_LIMIT_REACHED":
     case "PLACEMENT_CONFLICT":
+    case "FEATURE_NOT_ENABLED":
       return GrpcStatus.FAILED_PRECONDITION;
     case "WAIT_CANCELLED":
       return GrpcStatus.CANCELLED;

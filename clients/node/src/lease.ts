@@ -56,6 +56,7 @@ export function eligibleAt(t: Timing): number {
 export interface LeaseOwner {
   forgetLease(lease: Lease): void;
   releaseLease(resource: string, leaseId: Buffer): Promise<boolean>;
+  proclaimLease(resource: string, leaseId: Buffer, value: Uint8Array | string): Promise<bigint>;
   countLost(lease: Lease, reason: LostReason): void;
 }
 
@@ -182,6 +183,15 @@ export class Lease {
       return;
     }
     this.#onLost.push(callback);
+  }
+
+  /**
+   * Replaces the value this lease publishes (`client.get` returns it): an
+   * election's Proclaim. The fencing token does not change; it is returned.
+   * Rejects with LEASE_NOT_HELD when the lock is lost.
+   */
+  proclaim(value: Uint8Array | string): Promise<bigint> {
+    return this.#owner.proclaimLease(this.resource, this.#leaseId, value);
   }
 
   /**

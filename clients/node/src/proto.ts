@@ -62,6 +62,8 @@ export const types = {
   ReleaseResponse: type("ReleaseResponse"),
   GetRequest: type("GetRequest"),
   GetResponse: type("GetResponse"),
+  ProclaimRequest: type("ProclaimRequest"),
+  ProclaimResponse: type("ProclaimResponse"),
   ErrorDetail: type("ErrorDetail"),
 };
 
@@ -144,6 +146,8 @@ export interface LockState {
   lastToken: bigint;
   shardId: number;
   epoch: number;
+  /** What the holder publishes (empty when not held or none). */
+  value: Buffer;
 }
 
 const TO_OBJECT: protobuf.IConversionOptions = {
@@ -247,13 +251,26 @@ function encoder(t: protobuf.Type) {
 }
 
 export const wire = {
-  acquireRequest: (r: { resource: string; requestId: Uint8Array; leaseTtlMs: number; waitTimeoutMs: number }) =>
+  acquireRequest: (r: {
+    resource: string;
+    requestId: Uint8Array;
+    leaseTtlMs: number;
+    waitTimeoutMs: number;
+    value?: Uint8Array;
+  }) =>
     encoder(types.AcquireRequest)({
       resource: r.resource,
       request_id: r.requestId,
       lease_ttl_ms: r.leaseTtlMs,
       wait_timeout_ms: r.waitTimeoutMs,
+      value: r.value ?? Buffer.alloc(0),
     }),
+  proclaimRequest: (r: { resource: string; leaseId: Uint8Array; value: Uint8Array }) =>
+    encoder(types.ProclaimRequest)({ resource: r.resource, lease_id: r.leaseId, value: r.value }),
+  proclaimResponse(bytes: Buffer): { fencingToken: bigint } {
+    const o = decode(types.ProclaimResponse, bytes);
+    return { fencingToken: big(o.fencing_token) };
+  },
   renewRequest: (r: { resource: string; leaseId: Uint8Array; leaseTtlMs?: number }) =>
     encoder(types.RenewRequest)({ resource: r.resource, lease_id: r.leaseId, lease_ttl_ms: r.leaseTtlMs ?? 0 }),
   renewBatchRequest: (items: { resource: string; leaseId: Uint8Array }[]) =>
@@ -306,6 +323,7 @@ export const wire = {
       lastToken: big(o.last_token),
       shardId: num(o.shard_id),
       epoch: num(o.epoch),
+      value: buf(o.value),
     };
   },
 };

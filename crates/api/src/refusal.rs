@@ -41,6 +41,7 @@ pub fn invalid_argument_reason(field: &str) -> Reason {
         "lease_ttl_ms" => Reason::TtlOutOfRange,
         "wait_timeout_ms" => Reason::WaitTimeoutOutOfRange,
         "items" => Reason::BatchTooLarge,
+        "value" => Reason::ValueTooLarge,
         _ => Reason::InvalidAdminRequest,
     }
 }
@@ -100,6 +101,8 @@ pub fn lock_reason(error: &LockError) -> Reason {
         E::TenantQuotaExceeded { .. } => Reason::TenantQuotaExceeded,
         // The server builds owners from verified certificates.
         E::InvalidOwner { .. } => Reason::Internal,
+        E::ValueTooLarge { .. } => Reason::ValueTooLarge,
+        E::ValuesFull { .. } => Reason::ValuesFull,
     }
 }
 
@@ -179,6 +182,15 @@ pub fn lock_detail(error: &LockError, base: ErrorDetail) -> ErrorDetail {
         E::WrongShard { epoch, .. } => ErrorDetail {
             current_epoch: epoch,
             retry_after_ms: LEADER_UNKNOWN_RETRY_AFTER_MS,
+            ..base
+        },
+        E::ValueTooLarge { max, .. } => ErrorDetail {
+            field: field("value"),
+            max_allowed: max as u64,
+            ..base
+        },
+        E::ValuesFull { limit_bytes } => ErrorDetail {
+            max_allowed: limit_bytes,
             ..base
         },
         E::LeaseNotHeld

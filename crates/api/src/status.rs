@@ -90,6 +90,7 @@ fn policy(reason: Reason) -> (WireCode, RetryPolicy) {
         | R::BatchTooLarge
         | R::RequestIdReused
         | R::InvalidAdminRequest
+        | R::ValueTooLarge
         | R::MalformedRequest => (Code::InvalidArgument, P::Never),
 
         R::LockHeld | R::WaitTimedOut => (Code::Aborted, P::Backoff),
@@ -100,6 +101,7 @@ fn policy(reason: Reason) -> (WireCode, RetryPolicy) {
         | R::DedupTableFull
         | R::TableFull
         | R::TenantQuotaExceeded
+        | R::ValuesFull
         | R::RateLimited => (Code::ResourceExhausted, P::Backoff),
 
         R::MessageTooLarge => (Code::ResourceExhausted, P::Never),
@@ -109,6 +111,8 @@ fn policy(reason: Reason) -> (WireCode, RetryPolicy) {
         R::LeaseNotHeld | R::HoldLimitReached | R::PlacementConflict => {
             (Code::FailedPrecondition, P::Never)
         }
+
+        R::FeatureNotEnabled => (Code::FailedPrecondition, P::Never),
 
         R::WaitCancelled => (Code::Cancelled, P::Never),
 

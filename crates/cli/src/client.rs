@@ -61,6 +61,11 @@ pub struct AcquireArgs {
     /// retried with the same id (it is then never granted twice).
     #[arg(long, value_name = "HEX", value_parser = parse_request_id)]
     request_id: Option<Hex>,
+    /// What the lease publishes while it holds (`fencelock get` shows it):
+    /// for an election, the leader's address. At most 4096 bytes. Refused
+    /// (FEATURE_NOT_ENABLED) while a member runs a build without values.
+    #[arg(long, value_name = "TEXT")]
+    value: Option<String>,
     #[command(flatten)]
     opts: ClientOpts,
 }
@@ -135,6 +140,7 @@ pub async fn acquire(args: AcquireArgs) -> u8 {
         lease_ttl_ms: args.ttl_ms.unwrap_or(0),
         wait_timeout_ms: args.wait_ms,
         request_id: Some(request_id),
+        value: args.value.clone().unwrap_or_default().into_bytes(),
     };
     let response = match client.acquire_unguarded(&args.resource, options).await {
         Ok((response, _)) => response,
@@ -257,7 +263,8 @@ pub async fn get(args: GetArgs) -> u8 {
                 .with("queue_length", response.queue_length)
                 .with("last_token", response.last_token)
                 .with("shard_id", response.shard_id)
-                .with("epoch", response.epoch);
+                .with("epoch", response.epoch)
+                .with("value", printable_value(&response.value).as_str());
             let headline = if response.held {
                 format!("{} is held", args.resource)
             } else {
@@ -270,6 +277,15 @@ pub async fn get(args: GetArgs) -> u8 {
             let context = Object::new().with("resource", args.resource.as_str());
             report_client_error(&args.opts, &error, context).await
         }
+    }
+}
+
+/// A holder value as text: itself when it is printable UTF-8, else `hex:`
+/// and its bytes in hex (never raw bytes on a terminal).
+fn printable_value(value: &[u8]) -> String {
+    match std::str::from_utf8(value) {
+        Ok(text) if !text.chars().any(char::is_control) => text.to_owned(),
+        _ => format!("hex:{}", hex::encode(value)),
     }
 }
 
@@ -548,6 +564,14 @@ mod tests {
 
     fn status(detail: ErrorDetail) -> tonic::Status {
         detail.to_status()
+    }
+
+    #[test]
+    fn a_holder_value_prints_as_text_or_as_hex_never_raw() {
+        assert_eq!(printable_value(b"10.0.0.1:7000"), "10.0.0.1:7000");
+        assert_eq!(printable_value(b""), "");
+        assert_eq!(printable_value(&[0xff, 0]), "hex:ff00");
+        assert_eq!(printable_value(b"a\x1b[2Jb"), "hex:611b5b324a62");
     }
 
     #[test]

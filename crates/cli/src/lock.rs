@@ -91,6 +91,11 @@ pub struct LockArgs {
     /// at once (exit 1) without running the command.
     #[arg(long, value_name = "MS", default_value_t = 0)]
     wait_ms: u64,
+    /// What the lease publishes while it holds (`fencelock get` shows it):
+    /// for an election, the leader's address. At most 4096 bytes. Refused
+    /// (FEATURE_NOT_ENABLED) while a member runs a build without values.
+    #[arg(long, value_name = "TEXT")]
+    value: Option<String>,
     /// Nodes of the cluster, comma-separated (any of them; the client finds
     /// each shard's leader). Default: $FENCELOCK_ENDPOINTS, else
     /// $FENCELOCK_ENDPOINT, else http://127.0.0.1:7001.
@@ -179,7 +184,12 @@ pub async fn run(args: LockArgs) -> u8 {
     };
     let ttl_ms = args.ttl_ms.unwrap_or(0);
     let acquired = tokio::select! {
-        result = client.acquire(&args.resource, ttl_ms, args.wait_ms) => result,
+        result = client.acquire_with(&args.resource, fencelock_client::AcquireOptions {
+            lease_ttl_ms: ttl_ms,
+            wait_timeout_ms: args.wait_ms,
+            value: args.value.clone().unwrap_or_default().into_bytes(),
+            ..Default::default()
+        }) => result,
         signal = signals.recv() => {
             eprintln!("fencelock: {signal} while acquiring {}; gave up", args.resource);
             return SIGNAL_EXIT_BASE + signal_number(signal) as u8;

@@ -221,6 +221,7 @@ impl Agent {
                             lease_ttl_ms: u64_arg(&m, "ttl_ms"),
                             wait_timeout_ms: u64_arg(&m, "wait_ms"),
                             request_id,
+                            value: Vec::new(),
                         },
                     )
                     .await

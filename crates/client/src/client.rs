@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 
 use fencelock_api::v1::lock_service_client::LockServiceClient;
 use fencelock_api::v1::{
-    AcquireRequest, AcquireResponse, GetRequest, GetResponse, LeaseState, Reason, ReleaseRequest,
-    RenewRequest, RenewResponse,
+    AcquireRequest, AcquireResponse, GetRequest, GetResponse, LeaseState, ProclaimRequest, Reason,
+    ReleaseRequest, RenewRequest, RenewResponse,
 };
 use tokio::sync::{oneshot, watch, Notify};
 use tonic::transport::Channel;
@@ -106,6 +106,11 @@ pub struct AcquireOptions {
     /// ([`ClientError::Unavailable`] carries its id): the answer is then the
     /// original grant, never a second one.
     pub request_id: Option<RequestId>,
+    /// What the lease publishes while it holds (`Get` returns it; at most
+    /// 4096 bytes): for an election, the leader's address. Empty = none.
+    /// Refused with FEATURE_NOT_ENABLED while a member of the cluster runs
+    /// a build that predates values.
+    pub value: Vec<u8>,
 }
 
 /// Counters of a client's activity, for metrics and tests.
@@ -223,7 +228,7 @@ impl Client {
             AcquireOptions {
                 lease_ttl_ms,
                 wait_timeout_ms,
-                request_id: None,
+                ..AcquireOptions::default()
             },
         )
         .await
@@ -339,8 +344,21 @@ impl Client {
         self.inner.release_lease(resource, lease_id).await
     }
 
+    /// Replaces the value a lease publishes, by its lease id (for leases
+    /// taken with [`acquire_unguarded`](Self::acquire_unguarded); a guard
+    /// has [`LockGuard::proclaim`](crate::LockGuard::proclaim)). Answers the
+    /// lease's fencing token.
+    pub async fn proclaim_unguarded(
+        &self,
+        resource: &str,
+        lease_id: &[u8],
+        value: &[u8],
+    ) -> Result<i64, ClientError> {
+        self.inner.proclaim_lease(resource, lease_id, value).await
+    }
+
     /// A resource's lock state (linearizable read by the shard's leader).
-    /// The holder's lease id is never included.
+    /// The holder's lease id is never included; its value is.
     pub async fn get(&self, resource: &str) -> Result<GetResponse, ClientError> {
         let request = GetRequest {
             resource: resource.to_owned(),
@@ -575,6 +593,7 @@ impl Inner {
             request_id: request_id.as_bytes().to_vec(),
             lease_ttl_ms: options.lease_ttl_ms,
             wait_timeout_ms: options.wait_timeout_ms,
+            value: options.value.clone(),
         };
         let result = self
             .call(
@@ -613,6 +632,27 @@ impl Inner {
     }
 
     /// Ends a holding, retrying until the call's deadline.
+    /// One `Proclaim`: the lease's new value; answers the lease's token.
+    /// Retried like a renew (setting the same value twice changes nothing).
+    pub(crate) async fn proclaim_lease(
+        &self,
+        resource: &str,
+        lease_id: &[u8],
+        value: &[u8],
+    ) -> Result<i64, ClientError> {
+        let request = ProclaimRequest {
+            resource: resource.to_owned(),
+            lease_id: lease_id.to_vec(),
+            value: value.to_vec(),
+        };
+        let answer = self
+            .bounded_call(resource, request, |mut client, request| async move {
+                client.proclaim(request).await
+            })
+            .await?;
+        Ok(answer.value.fencing_token)
+    }
+
     pub(crate) async fn release_lease(
         &self,
         resource: &str,

@@ -323,6 +323,16 @@ impl LockGuard {
         });
     }
 
+    /// Replaces what the lease publishes (an election's "Proclaim": the
+    /// leader's new address). The token does not change; it is returned so
+    /// the caller can check the lease still speaks for its grant.
+    /// `LEASE_NOT_HELD` means the lock is lost.
+    pub async fn proclaim(&self, value: &[u8]) -> Result<i64, ClientError> {
+        self.inner
+            .proclaim_lease(&self.entry.resource, &self.entry.lease_id, value)
+            .await
+    }
+
     /// Ends the lease and stops renewing it. `Ok(true)` if this call ended
     /// the holding; `Ok(false)` if the lease no longer held the resource
     /// (it had expired or been released; nothing was changed).

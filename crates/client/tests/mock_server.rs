@@ -12,8 +12,9 @@ use std::time::{Duration, Instant};
 use fencelock_client::proto::lock_service_server::{LockService, LockServiceServer};
 use fencelock_client::proto::{
     renew_result, AcquireRequest, AcquireResponse, ErrorDetail, GetRequest, GetResponse,
-    LeaderHint, LeaseState, Reason, ReleaseRequest, ReleaseResponse, RenewBatchRequest,
-    RenewBatchResponse, RenewRequest, RenewResponse, RenewResult,
+    LeaderHint, LeaseState, ProclaimRequest, ProclaimResponse, Reason, ReleaseRequest,
+    ReleaseResponse, RenewBatchRequest, RenewBatchResponse, RenewRequest, RenewResponse,
+    RenewResult,
 };
 use fencelock_client::{
     AcquireOptions, Client, ClientConfig, ClientError, LeaseStatus, LostReason, RequestId,
@@ -233,6 +234,15 @@ impl LockService for Node {
         Ok(Response::new(ReleaseResponse { released: true }))
     }
 
+    async fn proclaim(
+        &self,
+        _: Request<ProclaimRequest>,
+    ) -> Result<Response<ProclaimResponse>, Status> {
+        Err(Status::unimplemented(
+            "the fake node does not publish values",
+        ))
+    }
+
     async fn get(&self, _: Request<GetRequest>) -> Result<Response<GetResponse>, Status> {
         self.redirect()?;
         self.0.gets.fetch_add(1, Ordering::SeqCst);
@@ -344,6 +354,7 @@ async fn an_explicit_request_id_gets_the_original_lease_back() {
         lease_ttl_ms: 5_000,
         wait_timeout_ms: 0,
         request_id: Some(id.clone()),
+        value: Vec::new(),
     };
     let first = client
         .acquire_with("acme/x", options.clone())
@@ -798,6 +809,7 @@ async fn a_wait_cancelled_by_the_server_starts_over_with_a_new_request_id() {
                 lease_ttl_ms: 5_000,
                 wait_timeout_ms: 1_000,
                 request_id: Some(RequestId::from_bytes(b"mine".to_vec()).unwrap()),
+                value: Vec::new(),
             },
         )
         .await

@@ -224,6 +224,9 @@ pub struct Round {
     pub work: Work,
     /// How many of its steps completed.
     pub done: usize,
+    /// The round recorded that every member reads this placement format
+    /// (`RaiseClusterFormat`).
+    pub cluster_format_raised_to: Option<u32>,
 }
 
 /// Whether any shard of the view has a replica on `node_id`.
@@ -396,6 +399,21 @@ impl<N: NodeApi> Ops<N> {
             Ok(observed) => observed,
             Err(e) => return Err((round, e)),
         };
+        // Not a move, so also while paused: features of a newer format
+        // turn on once every member reads it (`formats`).
+        let reported = statuses
+            .iter()
+            .map(|(&node_id, s)| (node_id, s.placement_format))
+            .collect();
+        if let Some(format) = crate::formats::cluster_format_to_raise(&map, &reported) {
+            if let Err(e) = self
+                .propose_meta(PlacementCommand::RaiseClusterFormat { format })
+                .await
+            {
+                return Err((round, e));
+            }
+            round.cluster_format_raised_to = Some(format);
+        }
         if map.scheduler_paused() {
             // Observe nothing, so the clock starts again on resume: a node
             // is marked down no sooner than `node_down_after_ms` after it.

@@ -7,7 +7,9 @@
 use std::collections::BTreeMap;
 
 use fencelock_placement::format::reads;
-use fencelock_placement::{NodeState, PlacementCommand, PlacementMap, FIRST_PLACEMENT_FORMAT};
+use fencelock_placement::{
+    NodeState, PlacementCommand, PlacementMap, FIRST_PLACEMENT_FORMAT, VALUES_FORMAT,
+};
 
 use crate::error::{ControllerError, Result};
 
@@ -68,6 +70,26 @@ pub fn check_readable(
     Ok(())
 }
 
+/// The cluster format to record (`RaiseClusterFormat`), if it can rise:
+/// the lowest format the members read, when every member of the map
+/// answered (`reported`: each answering node's `placement_format`) and
+/// that is above the map's (and at least [`VALUES_FORMAT`], the first
+/// format the cluster format turns anything on for). Unlike [`check_readable`], a member that does
+/// not answer holds it back, whatever its state: the cluster format turns
+/// on features for every shard's log at once, and a replica that returns
+/// on an older build would stop at the first entry it cannot read. Pure.
+pub fn cluster_format_to_raise(map: &PlacementMap, reported: &BTreeMap<u64, u32>) -> Option<u32> {
+    let lowest = map
+        .nodes()
+        .map(|node| reported.get(&node.node_id).copied().map(reads))
+        .collect::<Option<Vec<u32>>>()?
+        .into_iter()
+        .min()?;
+    // The record itself is a format-4 command: below that there is
+    // nothing to turn on, and no way to say it.
+    (lowest >= VALUES_FORMAT && lowest > map.cluster_format()).then_some(lowest)
+}
+
 /// What the refusal calls the command (the operator's word for it).
 fn command_name(command: &PlacementCommand) -> &'static str {
     match command {
@@ -114,6 +136,38 @@ mod tests {
     }
 
     const RAISE: PlacementCommand = PlacementCommand::RaiseEpochFloor { above_epoch: 7 };
+
+    #[test]
+    fn the_cluster_format_rises_to_what_every_member_reads_and_never_past_a_silent_one() {
+        let mut map = map_of(&[(1, NodeState::Up), (2, NodeState::Up), (3, NodeState::Down)]);
+        assert_eq!(map.cluster_format(), FIRST_PLACEMENT_FORMAT);
+        // Every member reads 4: raise to 4.
+        let all = BTreeMap::from([(1, 4), (2, 4), (3, 4)]);
+        assert_eq!(cluster_format_to_raise(&map, &all), Some(4));
+        // One member on the previous release (3), one that predates the
+        // report (0), or one that does not answer (even a DOWN one): the
+        // lowest, or nothing.
+        let one_old = BTreeMap::from([(1, 4), (2, 3), (3, 4)]);
+        assert_eq!(cluster_format_to_raise(&map, &one_old), None);
+        let newer = BTreeMap::from([(1, 5), (2, 4), (3, 6)]);
+        assert_eq!(cluster_format_to_raise(&map, &newer), Some(4));
+        let unreported = BTreeMap::from([(1, 4), (2, 0), (3, 4)]);
+        assert_eq!(cluster_format_to_raise(&map, &unreported), None);
+        let silent = BTreeMap::from([(1, 4), (2, 4)]);
+        assert_eq!(cluster_format_to_raise(&map, &silent), None);
+        // Raised once, it is not proposed again; a newer build reporting
+        // more does not lower it.
+        map.apply(&PlacementCommand::RaiseClusterFormat { format: 4 })
+            .unwrap();
+        assert_eq!(cluster_format_to_raise(&map, &all), None);
+        assert_eq!(cluster_format_to_raise(&map, &one_old), None);
+        map.apply(&PlacementCommand::RaiseClusterFormat { format: 2 })
+            .unwrap();
+        assert_eq!(map.cluster_format(), 4, "never lowered");
+        // The map survives its snapshot with the format.
+        let restored = PlacementMap::restore(&map.snapshot()).unwrap();
+        assert_eq!(restored.cluster_format(), 4);
+    }
 
     #[test]
     fn a_newer_command_waits_for_every_member_to_read_it() {

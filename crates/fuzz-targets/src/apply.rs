@@ -96,6 +96,7 @@ fn limits(input: &mut Input) -> Limits {
 /// One command, described with pool indexes and raw numbers.
 #[derive(Clone, Debug)]
 pub enum Op {
+    /// An acquire; some request ids carry a value ([`value_of`]).
     Acquire {
         resource: usize,
         owner: usize,
@@ -103,6 +104,13 @@ pub enum Op {
         lease: u8,
         ttl_ms: u64,
         wait_ms: u64,
+    },
+    /// A holder replaces its value ([`value_of`]).
+    Proclaim {
+        resource: usize,
+        owner: usize,
+        lease: u8,
+        value: usize,
     },
     Renew {
         resource: usize,
@@ -157,6 +165,17 @@ fn lease(i: u8) -> LeaseId {
     LeaseId([i; 16])
 }
 
+/// The holder value numbered `i`: none for most, a short one, and one at
+/// the size limit.
+fn value_of(i: usize) -> fencelock_statemachine::HolderValue {
+    let bytes = match i % 4 {
+        0 | 1 => Vec::new(),
+        2 => b"10.0.0.1:7000".to_vec(),
+        _ => vec![b'v'; fencelock_statemachine::limits::MAX_HOLDER_VALUE_BYTES],
+    };
+    fencelock_statemachine::HolderValue::new(bytes).expect("within the limit")
+}
+
 impl Op {
     /// The state machine command this op describes.
     pub fn command(&self) -> Command {
@@ -175,6 +194,18 @@ impl Op {
                 lease_id: lease(l),
                 lease_ttl_ms: ttl_ms,
                 wait_timeout_ms: wait_ms,
+                value: value_of(request),
+            },
+            Op::Proclaim {
+                resource: r,
+                owner: o,
+                lease: l,
+                value,
+            } => Command::Proclaim {
+                resource: resource(r),
+                owner: owner(o),
+                lease_id: lease(l),
+                value: value_of(value),
             },
             Op::Renew {
                 resource: r,
@@ -377,9 +408,15 @@ fn op(input: &mut Input, l: &Limits, memory: &Memory, epoch: u64) -> Op {
                 },
             }
         }
-        _ => match input.u8() % 3 {
+        _ => match input.u8() % 4 {
             0 => Op::DropExport {
                 migration: u64::from(input.u8() % 6),
+            },
+            1 => Op::Proclaim {
+                resource: input.below(RESOURCES.len()),
+                owner: input.below(OWNERS.len()),
+                lease: input.u8() % LEASE_IDS,
+                value: input.below(4),
             },
             _ => Op::Tick,
         },

@@ -88,6 +88,9 @@ fn command(input: &mut Input) -> PlacementCommand {
         9 if input.u8().is_multiple_of(8) => PlacementCommand::RaiseEpochFloor {
             above_epoch: input.u64() % (fencelock_placement::MAX_EPOCH + 2),
         },
+        9 if input.u8().is_multiple_of(8) => PlacementCommand::RaiseClusterFormat {
+            format: u32::from(input.u8() % 8),
+        },
         _ => PlacementCommand::AdvanceEpoch {
             shard_id: small_id(input),
         },

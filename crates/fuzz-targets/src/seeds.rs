@@ -52,6 +52,7 @@ pub fn commands() -> Vec<Command> {
             lease_id: LeaseId([1; 16]),
             lease_ttl_ms: 10_000,
             wait_timeout_ms: 5_000,
+            value: fencelock_statemachine::HolderValue::none(),
         },
         Command::Renew {
             resource: name("acme/a"),
@@ -133,6 +134,7 @@ pub fn busy_table() -> LockTable {
                 lease_id: LeaseId([i + 1; 16]),
                 lease_ttl_ms: 10_000,
                 wait_timeout_ms: 60_000,
+                value: fencelock_statemachine::HolderValue::none(),
             },
             &ctx(index),
         );
@@ -340,6 +342,7 @@ pub fn api_requests() -> Seeds {
             request_id: b"0123456789abcdef".to_vec(),
             lease_ttl_ms: 30_000,
             wait_timeout_ms: 5_000,
+            value: Vec::new(),
         }
         .encode_to_vec(),
         RenewRequest {

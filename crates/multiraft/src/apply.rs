@@ -283,7 +283,7 @@ pub(crate) fn on_event(
             | Event::WaitMoved { lease_id, .. } => {
                 peer.waiting.get(lease_id).and_then(|w| w.caller.clone())
             }
-            Event::LeaseEnded { .. } => None,
+            Event::LeaseEnded { .. } | Event::ValueChanged { .. } => None,
         };
         observe::event_applied(event, caller, waiter, at, obs);
     }
@@ -344,6 +344,7 @@ pub(crate) fn on_event(
         Event::LeaseEnded { lease_id, .. } => {
             peer.orphans.remove(lease_id);
         }
+        Event::ValueChanged { .. } => {}
     }
 }
 

@@ -238,6 +238,22 @@ pub(super) fn event_applied(
                 Some(&waiter),
             );
         }
+        Event::ValueChanged {
+            resource,
+            lease_id,
+            token,
+        } => {
+            m.proclaims.inc();
+            record(
+                obs,
+                at,
+                "value_changed",
+                resource.as_str(),
+                *lease_id,
+                token.as_i64(),
+                Some(caller),
+            );
+        }
         Event::WaitMoved { resource, lease_id } => {
             record(
                 obs,

@@ -9,6 +9,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use crate::format::FIRST_PLACEMENT_FORMAT;
 use crate::limits::{MAX_NODES, MAX_SHARDS, SLOT_COUNT};
 use crate::map::PlacementMap;
 use crate::types::*;
@@ -19,6 +20,10 @@ const SNAPSHOT_MAGIC: &[u8; 4] = b"FLPM";
 /// readable by nodes that know version 1 only.
 const SNAPSHOT_VERSION: u16 = 1;
 const SNAPSHOT_VERSION_WITH_SCHEDULER: u16 = 2;
+/// Version 2's layout with the scheduler flag always present, then the
+/// cluster format; written only once the cluster format is above the
+/// first (every member then reads it).
+const SNAPSHOT_VERSION_WITH_CLUSTER_FORMAT: u16 = 3;
 const COMMAND_VERSION: u8 = 1;
 
 /// Why bytes could not be decoded.
@@ -196,6 +201,7 @@ const TAG_ROLL_BACK_MIGRATION: u8 = 10;
 const TAG_BEGIN_SPLIT: u8 = 11;
 const TAG_SET_SCHEDULER_PAUSED: u8 = 12;
 const TAG_RAISE_EPOCH_FLOOR: u8 = 13;
+const TAG_RAISE_CLUSTER_FORMAT: u8 = 14;
 
 impl PlacementCommand {
     /// The meta shard log payload of this command.
@@ -265,6 +271,10 @@ impl PlacementCommand {
                 w.u8(TAG_SET_SCHEDULER_PAUSED);
                 w.u8(u8::from(*paused));
             }
+            PlacementCommand::RaiseClusterFormat { format } => {
+                w.u8(TAG_RAISE_CLUSTER_FORMAT);
+                w.u32(*format);
+            }
         }
         w.0
     }
@@ -317,6 +327,7 @@ impl PlacementCommand {
             TAG_RAISE_EPOCH_FLOOR => PlacementCommand::RaiseEpochFloor {
                 above_epoch: r.u64()?,
             },
+            TAG_RAISE_CLUSTER_FORMAT => PlacementCommand::RaiseClusterFormat { format: r.u32()? },
             TAG_SET_SCHEDULER_PAUSED => PlacementCommand::SetSchedulerPaused {
                 paused: match r.u8()? {
                     0 => false,
@@ -349,7 +360,9 @@ impl PlacementMap {
     pub fn snapshot(&self) -> Vec<u8> {
         let mut w = Out(Vec::with_capacity(128 + SLOT_COUNT as usize * 8));
         w.0.extend_from_slice(SNAPSHOT_MAGIC);
-        let version = if self.scheduler_paused {
+        let version = if self.cluster_format > FIRST_PLACEMENT_FORMAT {
+            SNAPSHOT_VERSION_WITH_CLUSTER_FORMAT
+        } else if self.scheduler_paused {
             SNAPSHOT_VERSION_WITH_SCHEDULER
         } else {
             SNAPSHOT_VERSION
@@ -390,7 +403,10 @@ impl PlacementMap {
                 w.slots(&m.slots);
             }
         }
-        if self.scheduler_paused {
+        if version == SNAPSHOT_VERSION_WITH_CLUSTER_FORMAT {
+            w.u8(u8::from(self.scheduler_paused));
+            w.u32(self.cluster_format);
+        } else if self.scheduler_paused {
             w.u8(1);
         }
         w.0
@@ -404,7 +420,13 @@ impl PlacementMap {
             return Err(DecodeError::BadMagic);
         }
         let version = r.u16()?;
-        if version != SNAPSHOT_VERSION && version != SNAPSHOT_VERSION_WITH_SCHEDULER {
+        if ![
+            SNAPSHOT_VERSION,
+            SNAPSHOT_VERSION_WITH_SCHEDULER,
+            SNAPSHOT_VERSION_WITH_CLUSTER_FORMAT,
+        ]
+        .contains(&version)
+        {
             return Err(DecodeError::UnsupportedVersion(version.into()));
         }
         let map_version = r.u64()?;
@@ -476,8 +498,10 @@ impl PlacementMap {
         };
         // Canonical: version 2 only ever says "paused" (an unpaused map is
         // written as version 1).
-        let scheduler_paused = if version == SNAPSHOT_VERSION_WITH_SCHEDULER {
-            match r.u8()? {
+        // Version 3 always says both, and only ever a format above the
+        // first.
+        let scheduler_paused = match version {
+            SNAPSHOT_VERSION_WITH_SCHEDULER => match r.u8()? {
                 1 => true,
                 tag => {
                     return Err(DecodeError::BadTag {
@@ -485,9 +509,29 @@ impl PlacementMap {
                         tag,
                     })
                 }
+            },
+            SNAPSHOT_VERSION_WITH_CLUSTER_FORMAT => match r.u8()? {
+                0 => false,
+                1 => true,
+                tag => {
+                    return Err(DecodeError::BadTag {
+                        what: "scheduler flag",
+                        tag,
+                    })
+                }
+            },
+            _ => false,
+        };
+        let cluster_format = if version == SNAPSHOT_VERSION_WITH_CLUSTER_FORMAT {
+            let format = r.u32()?;
+            if format <= FIRST_PLACEMENT_FORMAT {
+                return Err(DecodeError::Invalid(format!(
+                    "cluster format {format} in a version 3 snapshot"
+                )));
             }
+            format
         } else {
-            false
+            FIRST_PLACEMENT_FORMAT
         };
         r.finish()?;
 
@@ -502,6 +546,7 @@ impl PlacementMap {
             slot_owners,
             migration,
             scheduler_paused,
+            cluster_format,
         };
         map.check_invariants().map_err(DecodeError::Invalid)?;
         Ok(map)

@@ -17,6 +17,15 @@
 //! | 1 | the first release: nodes, replicas, shards, migrations, splits, `AdvanceEpoch` |
 //! | 2 | `SetNodeState { state: Down }` (the controller's own mark), `SetSchedulerPaused`, `RaiseEpochFloor` |
 //! | 3 | a data shard's `ImportSlots` carrying the source's lease clock (not a placement command: the orchestrator sends it only when every replica of the importing shard reads it, else the older form) |
+//! | 4 | `RaiseClusterFormat` and the map's `cluster_format` (snapshot version 3); on data shards, holder values (`Acquire` with a value, `Proclaim`; snapshot version 5, export version 4), accepted only once the map's `cluster_format` is 4 or more |
+//!
+//! The map's `cluster_format` is the format the controller saw every
+//! member read (`RaiseClusterFormat`, raised by itself each round it sees
+//! it). A lock feature of a newer format is refused
+//! (FEATURE_NOT_ENABLED) until the cluster format reaches it: data-shard
+//! entries have no per-entry check like the placement commands above, so
+//! the cluster-wide record is what keeps an older replica from meeting
+//! one.
 
 use crate::types::{NodeState, PlacementCommand};
 
@@ -25,9 +34,12 @@ use crate::types::{NodeState, PlacementCommand};
 /// reads.
 pub const FIRST_PLACEMENT_FORMAT: u32 = 1;
 /// The newest placement format this build reads and writes.
-pub const PLACEMENT_FORMAT: u32 = 3;
+pub const PLACEMENT_FORMAT: u32 = 4;
 /// The format that reads an `ImportSlots` with the source's lease clock.
 pub const IMPORT_AT_CLOCK_FORMAT: u32 = 3;
+/// The format that reads holder values on data shards and the map's
+/// cluster format.
+pub const VALUES_FORMAT: u32 = 4;
 
 impl PlacementCommand {
     /// The placement format a node needs to read this command.
@@ -39,6 +51,7 @@ impl PlacementCommand {
             }
             | PlacementCommand::SetSchedulerPaused { .. }
             | PlacementCommand::RaiseEpochFloor { .. } => 2,
+            PlacementCommand::RaiseClusterFormat { .. } => VALUES_FORMAT,
             PlacementCommand::AddNode { .. }
             | PlacementCommand::RemoveNode { .. }
             | PlacementCommand::SetNodeState { .. }

@@ -41,6 +41,11 @@ pub struct PlacementMap {
     /// The placement controller makes no move by itself while set
     /// (`fencelock admin scheduler pause`); operators' actions still run.
     pub(crate) scheduler_paused: bool,
+    /// The placement format every member was seen to read when the
+    /// controller last raised it (`RaiseClusterFormat`): the lock features
+    /// that need a newer format than the first (holder values) are
+    /// accepted only at or above theirs. Only rises.
+    pub(crate) cluster_format: u32,
 }
 
 impl PlacementMap {
@@ -84,6 +89,7 @@ impl PlacementMap {
                 .collect(),
             migration: None,
             scheduler_paused: false,
+            cluster_format: crate::format::FIRST_PLACEMENT_FORMAT,
         };
         for (node_id, addr) in nodes {
             // The same rules as `AddNode`, so a bootstrapped map is one the
@@ -154,6 +160,12 @@ impl PlacementMap {
             }
             PlacementCommand::RaiseEpochFloor { above_epoch } => {
                 self.raise_epoch_floor(*above_epoch)
+            }
+            PlacementCommand::RaiseClusterFormat { format } => {
+                // Whatever this build knows of formats: apply must not
+                // depend on the build, or replicas of two builds diverge.
+                self.cluster_format = self.cluster_format.max(*format);
+                Ok(PlacementReply::Updated)
             }
         }?;
         self.version = next_version;
@@ -554,6 +566,10 @@ impl PlacementMap {
 
     /// Whether the placement controller is paused: it makes no move by
     /// itself (repair) until resumed.
+    pub fn cluster_format(&self) -> u32 {
+        self.cluster_format
+    }
+
     pub fn scheduler_paused(&self) -> bool {
         self.scheduler_paused
     }

@@ -121,6 +121,12 @@ pub enum PlacementCommand {
     /// shard). Refused while a migration is open, or without room above
     /// `above_epoch` for every data shard to take one more epoch.
     RaiseEpochFloor { above_epoch: u64 },
+    /// Records that every member reads placement format `format`: the
+    /// features that need it (holder values, `PlacementMap::cluster_format`)
+    /// are on from this entry. Never lowers it (a lower or equal format
+    /// changes nothing), so a node of an older build can no longer join
+    /// without being refused (docs/operations.md, "Formats").
+    RaiseClusterFormat { format: u32 },
 }
 
 /// What a successful command did. Every success bumps the map's version by

@@ -130,6 +130,18 @@ pub enum ServerError {
     /// is taken, or the address is not this machine's): it does not start.
     #[error("cannot listen: {0}")]
     Listen(String),
+    /// The request needs a placement format the cluster has not reached:
+    /// a member still runs a build that cannot read it.
+    #[error(
+        "{feature} need cluster format {needs}, and this cluster is at {current}: a member still \
+         runs an older build, is pinned by max_placement_format, or does not answer; the \
+         controller raises the cluster format by itself once every member reads it"
+    )]
+    FeatureNotEnabled {
+        feature: &'static str,
+        needs: u32,
+        current: u32,
+    },
 }
 
 impl From<fencelock_router::RouteError> for ServerError {
@@ -217,7 +229,8 @@ impl ServerError {
             | ServerError::PermissionDenied(_)
             | ServerError::RateLimited { .. }
             | ServerError::Security(_)
-            | ServerError::Listen(_) => return None,
+            | ServerError::Listen(_)
+            | ServerError::FeatureNotEnabled { .. } => return None,
         })
     }
 
@@ -231,6 +244,7 @@ impl ServerError {
             ServerError::PermissionDenied(_) => Reason::PermissionDenied,
             ServerError::RateLimited { .. } => Reason::RateLimited,
             ServerError::Routing(_) => Reason::EpochNotMatch,
+            ServerError::FeatureNotEnabled { .. } => Reason::FeatureNotEnabled,
             // Config, Security, Listen: the node's own trouble.
             _ => Reason::Internal,
         }

@@ -226,6 +226,19 @@ async fn act_on_placement(
         metrics
             .nodes_down
             .set(i64::try_from(round.down.len()).unwrap_or(i64::MAX));
+        if let Some(format) = round.cluster_format_raised_to {
+            tracing::info!(
+                format,
+                "controller: every member reads placement format {format}; the cluster format is now {format}"
+            );
+            audit.record_decision(fencelock_multiraft::audit::DecisionRecord {
+                time_ms: fencelock_multiraft::wall_ms(),
+                kind: "cluster_format",
+                step: format!("raise the cluster format to {format}"),
+                reason: "every member of the map reports that it reads it".into(),
+                outcome: "done".into(),
+            });
+        }
         let (started, done, failed) = match &round.work {
             Work::Nothing => {
                 if let Some(e) = failure {

@@ -22,13 +22,13 @@ use fencelock_api::v1::lock_service_server::LockService;
 use fencelock_api::v1::ErrorDetail;
 use fencelock_api::v1::{
     renew_result, AcquireRequest, AcquireResponse, GetRequest, GetResponse, LeaseState,
-    ReleaseRequest, ReleaseResponse, RenewBatchRequest, RenewBatchResponse, RenewRequest,
-    RenewResponse, RenewResult,
+    ProclaimRequest, ProclaimResponse, ReleaseRequest, ReleaseResponse, RenewBatchRequest,
+    RenewBatchResponse, RenewRequest, RenewResponse, RenewResult,
 };
 use fencelock_statemachine::limits::MAX_RENEW_BATCH;
 use fencelock_statemachine::{
-    AcquireStatus, Command, LeaseEnd, LeaseId, LockError, RenewItem, Renewed, Reply, RequestId,
-    ResourceName,
+    AcquireStatus, Command, HolderValue, LeaseEnd, LeaseId, LockError, RenewItem, Renewed, Reply,
+    RequestId, ResourceName,
 };
 use tokio::sync::oneshot;
 use tonic::transport::Channel;
@@ -45,6 +45,7 @@ use crate::security::{identity_of, relayed_of, Identity};
 use crate::store::{Caller, Responder, ShardStatus, StoreMsg, StoreSender};
 use crate::validate::{lease_id, resource};
 use fencelock_api::headers::IDENTITY_HEADER;
+use fencelock_placement::VALUES_FORMAT;
 
 pub use fencelock_api::headers::{CALLER_HEADER, FORWARDED_HEADER};
 /// Nodes one request may be forwarded through: the node the map names,
@@ -405,10 +406,14 @@ impl LockServiceImpl {
         request_id: RequestId,
         lease_ttl_ms: u64,
         wait_timeout_ms: u64,
+        value: HolderValue,
     ) -> Result<AcquireResponse, ServerError> {
         // This node proposes (it leads the shard, or its store answers
         // NOT_LEADER): its own disk takes the new state.
         self.disk.check_acquire()?;
+        if !value.is_empty() {
+            self.check_cluster_format(VALUES_FORMAT, "holder values")?;
+        }
         let (tx, rx) = oneshot::channel();
         self.send(StoreMsg::Propose {
             shard_id,
@@ -419,6 +424,7 @@ impl LockServiceImpl {
                 lease_id: random_lease_id(),
                 lease_ttl_ms,
                 wait_timeout_ms,
+                value,
             },
             responder: Responder::Acquire { resource, tx },
             caller: current_caller(),
@@ -504,6 +510,7 @@ impl LockServiceImpl {
                 last_token: v.token.as_i64(),
                 shard_id,
                 epoch: read.epoch,
+                value: v.value.as_bytes().to_vec(),
             },
             None => GetResponse {
                 shard_id,
@@ -652,6 +659,7 @@ impl LockServiceImpl {
             .map_err(|e| ServerError::Lock(LockError::InvalidResource(e)))?;
         self.authorize(&resource, Access::Lock)?;
         let request_id = RequestId::new(req.request_id.clone()).map_err(ServerError::Lock)?;
+        let value = HolderValue::new(req.value.clone()).map_err(ServerError::Lock)?;
         let lease_ttl_ms = if req.lease_ttl_ms == 0 {
             self.default_lease_ttl_ms
         } else {
@@ -667,6 +675,7 @@ impl LockServiceImpl {
                     request_id.clone(),
                     lease_ttl_ms,
                     req.wait_timeout_ms,
+                    value.clone(),
                 )
             },
             |mut client| {
@@ -823,6 +832,67 @@ impl LockServiceImpl {
         .await
     }
 
+    async fn serve_proclaim(
+        &self,
+        request: Request<ProclaimRequest>,
+    ) -> Result<Response<ProclaimResponse>, Status> {
+        let forwarding = may_forward(&request);
+        let req = request.into_inner();
+        let resource = resource(&req.resource)?;
+        self.authorize(&resource, Access::Lock)?;
+        let lease_id = lease_id(&req.lease_id)?;
+        let value = HolderValue::new(req.value.clone()).map_err(ServerError::Lock)?;
+        let owner = current_identity().owner();
+        self.route(
+            forwarding,
+            &resource,
+            |shard_id| {
+                let command = Command::Proclaim {
+                    resource: resource.clone(),
+                    owner: owner.clone(),
+                    lease_id,
+                    value: value.clone(),
+                };
+                async move {
+                    // Checked where it is proposed: this node's map.
+                    self.check_cluster_format(VALUES_FORMAT, "holder values")?;
+                    match self.propose(shard_id, command).await? {
+                        Reply::Proclaimed { token } => Ok(ProclaimResponse {
+                            fencing_token: token.as_i64(),
+                        }),
+                        other => Err(ServerError::Internal(format!("unexpected reply {other:?}"))),
+                    }
+                }
+            },
+            |mut client| {
+                let req = req.clone();
+                async move { client.proclaim(forwarded(req)).await }
+            },
+        )
+        .await
+    }
+
+    /// Refuses a feature of placement format `needs` until the cluster
+    /// format (this node's map) reaches it: a replica still on an older
+    /// build would stop at the entry (docs/operations.md, "Formats"). A map
+    /// not yet known counts as the first format.
+    fn check_cluster_format(&self, needs: u32, feature: &'static str) -> Result<(), ServerError> {
+        let current = self
+            .router
+            .map()
+            .map_or(fencelock_placement::FIRST_PLACEMENT_FORMAT, |m| {
+                m.cluster_format()
+            });
+        if current < needs {
+            return Err(ServerError::FeatureNotEnabled {
+                feature,
+                needs,
+                current,
+            });
+        }
+        Ok(())
+    }
+
     async fn serve_get(
         &self,
         request: Request<GetRequest>,
@@ -900,6 +970,16 @@ impl LockService for LockServiceImpl {
         let caller = caller_of(&request);
         let identity = (identity_of(&request), relayed_of(&request));
         self.measured(Op::Release, caller, identity, self.serve_release(request))
+            .await
+    }
+
+    async fn proclaim(
+        &self,
+        request: Request<ProclaimRequest>,
+    ) -> Result<Response<ProclaimResponse>, Status> {
+        let caller = caller_of(&request);
+        let identity = (identity_of(&request), relayed_of(&request));
+        self.measured(Op::Proclaim, caller, identity, self.serve_proclaim(request))
             .await
     }
 

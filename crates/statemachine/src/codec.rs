@@ -25,14 +25,24 @@ const SNAPSHOT_MAGIC: &[u8; 4] = b"FLSM";
 // after its shards were snapshotted by the new version elsewhere.
 // Version 4: the attempt number of holders and waiters.
 const SNAPSHOT_VERSION: u16 = 4;
+// Version 5: version 4 plus each holder's and waiter's value. Written only
+// while some lease has a value, so a table without values (every table
+// until the cluster format allows values, `PlacementMap::cluster_format`)
+// stays readable by the previous release in a rolling upgrade; one
+// table, one encoding either way.
+const SNAPSHOT_VERSION_WITH_VALUES: u16 = 5;
 const EXPORT_MAGIC: &[u8; 4] = b"FLMX";
-// Version 2: lease owners. Version 3: attempt numbers.
+// Version 2: lease owners. Version 3: attempt numbers. Version 4: values
+// (written only when a moved lease has one, like snapshot version 5).
 const EXPORT_VERSION: u16 = 3;
+const EXPORT_VERSION_WITH_VALUES: u16 = 4;
 const RECORD_MIN_BYTES: usize = 4 + 4 + 16 + 4 + 40 + 4 + 4;
 const DEDUP_MIN_BYTES: usize = 4 + 4 + 4 + 16 + 8 + 1;
 const SLOT_WORDS_BYTES: usize = 8 * (SLOT_COUNT as usize / 64);
 // Version 2: Acquire, Renew, RenewBatch and Release carry the owner.
-// Version 3: Cancel carries the attempt it cancels.
+// Version 3: Cancel carries the attempt it cancels. New commands since are
+// new tags (an older build refuses an unknown tag and stops, never
+// misreads it) proposed only once every member reads them.
 const COMMAND_VERSION: u8 = 3;
 
 /// Why bytes could not be decoded.
@@ -134,6 +144,9 @@ impl<'a> Reader<'a> {
     fn lease(&mut self) -> Result<LeaseId, DecodeError> {
         Ok(LeaseId::from_slice(self.take(16)?).expect("16 bytes"))
     }
+    fn value(&mut self) -> Result<HolderValue, DecodeError> {
+        HolderValue::new(self.bytes()?).map_err(|e| DecodeError::Invalid(e.to_string()))
+    }
     /// A stored time or duration (`_ms` field of a snapshot or export),
     /// at most `max`: larger values could overflow the time arithmetic of
     /// apply.
@@ -190,6 +203,10 @@ const CMD_CLOSE_MIGRATION: u8 = 11;
 /// orchestrator sends it only when every replica of the target reads it
 /// (placement format 3).
 const CMD_IMPORT_SLOTS_AT_CLOCK: u8 = 12;
+/// `Acquire` with a holder value (an acquire without one keeps tag 1, so
+/// it stays readable by the previous release).
+const CMD_ACQUIRE_WITH_VALUE: u8 = 13;
+const CMD_PROCLAIM: u8 = 14;
 
 impl Command {
     /// Encodes the command as a Raft entry payload.
@@ -211,14 +228,34 @@ impl Command {
                 lease_id,
                 lease_ttl_ms,
                 wait_timeout_ms,
+                value,
             } => {
-                w.u8(CMD_ACQUIRE);
+                w.u8(if value.is_empty() {
+                    CMD_ACQUIRE
+                } else {
+                    CMD_ACQUIRE_WITH_VALUE
+                });
                 w.name(resource);
                 w.owner(owner);
                 w.bytes(request_id.as_bytes());
                 w.lease(lease_id);
                 w.u64(*lease_ttl_ms);
                 w.u64(*wait_timeout_ms);
+                if !value.is_empty() {
+                    w.bytes(value.as_bytes());
+                }
+            }
+            Command::Proclaim {
+                resource,
+                owner,
+                lease_id,
+                value,
+            } => {
+                w.u8(CMD_PROCLAIM);
+                w.name(resource);
+                w.owner(owner);
+                w.lease(lease_id);
+                w.bytes(value.as_bytes());
             }
             Command::Renew {
                 resource,
@@ -330,13 +367,33 @@ impl Command {
         }
         let tag = r.u8()?;
         let command = match tag {
-            CMD_ACQUIRE => Command::Acquire {
+            CMD_ACQUIRE | CMD_ACQUIRE_WITH_VALUE => {
+                let command = Command::Acquire {
+                    resource: r.name()?,
+                    owner: r.owner()?,
+                    request_id: r.request_id()?,
+                    lease_id: r.lease()?,
+                    lease_ttl_ms: r.u64()?,
+                    wait_timeout_ms: r.u64()?,
+                    value: if tag == CMD_ACQUIRE_WITH_VALUE {
+                        r.value()?
+                    } else {
+                        HolderValue::none()
+                    },
+                };
+                // One command, one encoding: a value is never empty here.
+                if let Command::Acquire { value, .. } = &command {
+                    if tag == CMD_ACQUIRE_WITH_VALUE && value.is_empty() {
+                        return Err(DecodeError::Invalid("empty value in its own tag".into()));
+                    }
+                }
+                command
+            }
+            CMD_PROCLAIM => Command::Proclaim {
                 resource: r.name()?,
                 owner: r.owner()?,
-                request_id: r.request_id()?,
                 lease_id: r.lease()?,
-                lease_ttl_ms: r.u64()?,
-                wait_timeout_ms: r.u64()?,
+                value: r.value()?,
             },
             CMD_RENEW => Command::Renew {
                 resource: r.name()?,
@@ -490,8 +547,14 @@ impl LockTable {
     /// Encodes the whole table. Equal tables give equal bytes.
     pub fn snapshot(&self) -> Vec<u8> {
         let mut w = Writer(Vec::with_capacity(64 + self.records.len() * 128));
+        let values = self.value_bytes > 0;
+        let version = if values {
+            SNAPSHOT_VERSION_WITH_VALUES
+        } else {
+            SNAPSHOT_VERSION
+        };
         w.0.extend_from_slice(SNAPSHOT_MAGIC);
-        w.0.extend_from_slice(&SNAPSHOT_VERSION.to_be_bytes());
+        w.0.extend_from_slice(&version.to_be_bytes());
         write_limits(&mut w, &self.limits);
         w.u64(self.epoch);
         w.u64(self.epoch_base_index);
@@ -502,7 +565,7 @@ impl LockTable {
         w.u64(self.clock_ms);
         w.u32(self.records.len() as u32);
         for (name, record) in &self.records {
-            write_record(&mut w, name, record);
+            write_record(&mut w, name, record, values);
         }
         w.u32(self.dedup.len() as u32);
         for (key, entry) in &self.dedup {
@@ -532,9 +595,10 @@ impl LockTable {
             return Err(DecodeError::BadMagic);
         }
         let version = u16::from_be_bytes(r.take(2)?.try_into().expect("2 bytes"));
-        if version != SNAPSHOT_VERSION {
+        if version != SNAPSHOT_VERSION && version != SNAPSHOT_VERSION_WITH_VALUES {
             return Err(DecodeError::UnsupportedVersion(version.into()));
         }
+        let values = version == SNAPSHOT_VERSION_WITH_VALUES;
         let limits = read_limits(&mut r)?;
         let mut table = LockTable::new(limits).map_err(|e| DecodeError::Invalid(e.to_string()))?;
         table.epoch = r.u64()?;
@@ -546,7 +610,7 @@ impl LockTable {
         table.clock_ms = r.ms(MAX_CLOCK_MS)?;
         let records = r.count(RECORD_MIN_BYTES)?;
         for _ in 0..records {
-            let (name, record) = read_record(&mut r)?;
+            let (name, record) = read_record(&mut r, values)?;
             // Key order, as `snapshot` writes them: one table, one encoding.
             if table
                 .records
@@ -598,6 +662,12 @@ impl LockTable {
             }
         }
         r.finish()?;
+        // Canonical: version 5 only ever carries some value.
+        if values && table.value_bytes == 0 {
+            return Err(DecodeError::Invalid(
+                "values version without a value".into(),
+            ));
+        }
         table.check_invariants().map_err(DecodeError::Invalid)?;
         Ok(table)
     }
@@ -605,7 +675,9 @@ impl LockTable {
 
 // ----- pieces shared by snapshots and migration exports -----
 
-fn write_record(w: &mut Writer, name: &ResourceName, record: &Record) {
+/// With `values` (snapshot version 5, export version 4) each holder and
+/// waiter ends with its value.
+fn write_record(w: &mut Writer, name: &ResourceName, record: &Record, values: bool) {
     let h = &record.holder;
     w.name(name);
     w.lease(&h.lease_id);
@@ -617,6 +689,9 @@ fn write_record(w: &mut Writer, name: &ResourceName, record: &Record) {
     w.u64(h.stamped_expires_at_ms);
     w.u64(h.expires_at_ms);
     w.u32(h.attempt);
+    if values {
+        w.bytes(h.value.as_bytes());
+    }
     w.u32(record.waiters.len() as u32);
     for waiter in &record.waiters {
         w.lease(&waiter.lease_id);
@@ -626,10 +701,13 @@ fn write_record(w: &mut Writer, name: &ResourceName, record: &Record) {
         w.u64(waiter.enqueued_at_ms);
         w.u64(waiter.wait_deadline_ms);
         w.u32(waiter.attempt);
+        if values {
+            w.bytes(waiter.value.as_bytes());
+        }
     }
 }
 
-fn read_record(r: &mut Reader) -> Result<(ResourceName, Record), DecodeError> {
+fn read_record(r: &mut Reader, values: bool) -> Result<(ResourceName, Record), DecodeError> {
     let name = r.name()?;
     let holder = Holder {
         lease_id: r.lease()?,
@@ -641,6 +719,11 @@ fn read_record(r: &mut Reader) -> Result<(ResourceName, Record), DecodeError> {
         stamped_expires_at_ms: r.ms(MAX_STORED_MS)?,
         expires_at_ms: r.ms(MAX_STORED_MS)?,
         attempt: r.attempt()?,
+        value: if values {
+            r.value()?
+        } else {
+            HolderValue::none()
+        },
     };
     let n = r.count(16 + 4 + 4 + 24 + 4)?;
     let mut waiters = VecDeque::with_capacity(n);
@@ -653,6 +736,11 @@ fn read_record(r: &mut Reader) -> Result<(ResourceName, Record), DecodeError> {
             enqueued_at_ms: r.ms(MAX_STORED_MS)?,
             wait_deadline_ms: r.ms(MAX_STORED_MS)?,
             attempt: r.attempt()?,
+            value: if values {
+                r.value()?
+            } else {
+                HolderValue::none()
+            },
         });
     }
     Ok((name, Record { holder, waiters }))
@@ -744,12 +832,20 @@ pub(crate) struct Export {
 
 pub(crate) fn encode_export(export: &Export) -> Vec<u8> {
     let mut w = Writer(Vec::with_capacity(64 + export.records.len() * 128));
+    let values = export.records.iter().any(|(_, record)| {
+        !record.holder.value.is_empty() || record.waiters.iter().any(|w| !w.value.is_empty())
+    });
+    let version = if values {
+        EXPORT_VERSION_WITH_VALUES
+    } else {
+        EXPORT_VERSION
+    };
     w.0.extend_from_slice(EXPORT_MAGIC);
-    w.0.extend_from_slice(&EXPORT_VERSION.to_be_bytes());
+    w.0.extend_from_slice(&version.to_be_bytes());
     w.u64(export.max_token.as_u64());
     w.u32(export.records.len() as u32);
     for (name, record) in &export.records {
-        write_record(&mut w, name, record);
+        write_record(&mut w, name, record, values);
     }
     w.u32(export.dedup.len() as u32);
     for (key, entry) in &export.dedup {
@@ -764,14 +860,15 @@ pub(crate) fn decode_export(bytes: &[u8]) -> Result<Export, DecodeError> {
         return Err(DecodeError::BadMagic);
     }
     let version = u16::from_be_bytes(r.take(2)?.try_into().expect("2 bytes"));
-    if version != EXPORT_VERSION {
+    if version != EXPORT_VERSION && version != EXPORT_VERSION_WITH_VALUES {
         return Err(DecodeError::UnsupportedVersion(version.into()));
     }
+    let values = version == EXPORT_VERSION_WITH_VALUES;
     let max_token = FencingToken::from_u64(r.u64()?);
     let n = r.count(RECORD_MIN_BYTES)?;
     let mut records = Vec::with_capacity(n);
     for _ in 0..n {
-        records.push(read_record(&mut r)?);
+        records.push(read_record(&mut r, values)?);
     }
     let n = r.count(DEDUP_MIN_BYTES)?;
     let mut dedup = Vec::with_capacity(n);

@@ -125,6 +125,7 @@ mod tests {
                 lease_id: LeaseId([1; 16]),
                 lease_ttl_ms: 10_000,
                 wait_timeout_ms: 0,
+                value: crate::HolderValue::none(),
             },
         );
         apply(

@@ -94,6 +94,11 @@ pub enum LockError {
     /// printable ASCII (a server bug: the server derives it from the
     /// caller's certificate).
     InvalidOwner { len: usize, max: usize },
+    /// A holder value is longer than allowed.
+    ValueTooLarge { len: usize, max: usize },
+    /// The shard keeps as many value bytes as it may
+    /// (`MAX_VALUE_BYTES_PER_SHARD`); acquires without a value go on.
+    ValuesFull { limit_bytes: u64 },
 }
 
 impl LockError {
@@ -112,13 +117,15 @@ impl LockError {
             | InvalidCommand { .. }
             | MigrationRefused { .. }
             | PermissionDenied
-            | InvalidOwner { .. } => Retry::Never,
+            | InvalidOwner { .. }
+            | ValueTooLarge { .. } => Retry::Never,
             LockHeld { .. }
             | QueueFull { .. }
             | TenantWaitersExceeded { .. }
             | DedupTableFull { .. }
             | TableFull { .. }
             | TenantQuotaExceeded { .. }
+            | ValuesFull { .. }
             | TokenSpaceExhausted { .. } => Retry::Backoff,
             LeaseIdCollision | LeaderNotReady { .. } | StaleEpoch { .. } => Retry::Immediately,
             // The map catches up within a migration step: back off, refresh.
@@ -153,6 +160,8 @@ impl LockError {
             PermissionDenied => "permission_denied",
             TenantQuotaExceeded { .. } => "tenant_quota_exceeded",
             InvalidOwner { .. } => "invalid_owner",
+            ValueTooLarge { .. } => "value_too_large",
+            ValuesFull { .. } => "values_full",
         }
     }
 }
@@ -239,6 +248,13 @@ impl std::fmt::Display for LockError {
             InvalidOwner { len, max } => write!(
                 f,
                 "owner identity must be at most {max} bytes of printable ASCII, got {len} bytes"
+            ),
+            ValueTooLarge { len, max } => {
+                write!(f, "holder value of {len} bytes exceeds the maximum of {max}")
+            }
+            ValuesFull { limit_bytes } => write!(
+                f,
+                "shard keeps {limit_bytes} bytes of holder values already; acquire without a value or retry later"
             ),
         }
     }

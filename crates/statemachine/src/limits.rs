@@ -37,6 +37,14 @@ pub const MAX_STORED_MS: u64 = 1 << 50;
 pub const MAX_MIGRATION_DATA_BYTES: usize = 2 << 20;
 /// Exports a shard keeps at once (each until its target confirmed).
 pub const MAX_PENDING_EXPORTS: usize = 4;
+/// Largest value a holder may publish with its lease (an acquire's
+/// `value`, or a `Proclaim`): an address or a small descriptor, not data.
+pub const MAX_HOLDER_VALUE_BYTES: usize = 4096;
+/// Value bytes one shard keeps across all its holders and waiters; beyond
+/// it, acquires and proclaims that carry a value are refused
+/// (`ValuesFull`) while those without go on. Bounds what values add to a
+/// shard's memory and snapshot whatever the record limits allow.
+pub const MAX_VALUE_BYTES_PER_SHARD: u64 = 64 << 20;
 
 /// Per-shard limits. Identical on every replica of a shard (they are part of
 /// the snapshot); validated by [`Limits::validate`] before use.

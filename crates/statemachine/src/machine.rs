@@ -21,7 +21,10 @@
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use crate::error::LockError;
-use crate::limits::{InvalidLimits, Limits, MAX_CLOCK_OFFSET_ALLOWANCE_MS, MAX_RENEW_BATCH};
+use crate::limits::{
+    InvalidLimits, Limits, MAX_CLOCK_OFFSET_ALLOWANCE_MS, MAX_RENEW_BATCH,
+    MAX_VALUE_BYTES_PER_SHARD,
+};
 use crate::name::ResourceName;
 use crate::slots::{slot_of, SlotSet};
 use crate::token::{FencingToken, MAX_EPOCH, MAX_POSITION, POSITION_SOFT_LIMIT};
@@ -55,6 +58,9 @@ pub(crate) struct Holder {
     /// The latest acquire attempt attached to this lease (see
     /// [`Waiter::attempt`]); carried over from the waiter at a grant.
     pub attempt: u32,
+    /// What the holder publishes (the acquire's value, or the latest
+    /// `Proclaim`); empty: none.
+    pub value: HolderValue,
 }
 
 /// A queued acquire.
@@ -72,6 +78,8 @@ pub(crate) struct Waiter {
     /// went away and is ignored once a later attempt attached, because that
     /// retry may already have been told of the grant.
     pub attempt: u32,
+    /// The value the holder will publish once granted.
+    pub value: HolderValue,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -151,6 +159,9 @@ pub struct LockTable {
     pub(crate) tenant_waiters: BTreeMap<String, u32>,
     /// Held resources per tenant (for `max_held_per_tenant`).
     pub(crate) tenant_held: BTreeMap<String, u32>,
+    /// Bytes of holder values kept by holders and waiters (for
+    /// `MAX_VALUE_BYTES_PER_SHARD`).
+    pub(crate) value_bytes: u64,
     /// Slots this shard serves. Requests for other slots are refused with
     /// `WrongShard` at apply, whatever map routed them here.
     pub(crate) owned: SlotSet,
@@ -189,6 +200,7 @@ impl LockTable {
             wait_index: BTreeSet::new(),
             forget_index: BTreeSet::new(),
             tenant_waiters: BTreeMap::new(),
+            value_bytes: 0,
             tenant_held: BTreeMap::new(),
             owned: SlotSet::full(),
             last_imported_migration: 0,
@@ -272,6 +284,7 @@ impl LockTable {
                 lease_id,
                 lease_ttl_ms,
                 wait_timeout_ms,
+                value,
             } => self
                 .acquire(
                     resource,
@@ -280,9 +293,18 @@ impl LockTable {
                     *lease_id,
                     *lease_ttl_ms,
                     *wait_timeout_ms,
+                    value,
                     events,
                 )
                 .map(Reply::Acquire),
+            Command::Proclaim {
+                resource,
+                owner,
+                lease_id,
+                value,
+            } => self
+                .proclaim(resource, owner, *lease_id, value, events)
+                .map(|token| Reply::Proclaimed { token }),
             Command::Renew {
                 resource,
                 owner,
@@ -495,6 +517,7 @@ impl LockTable {
         lease_id: LeaseId,
         lease_ttl_ms: u64,
         wait_timeout_ms: u64,
+        value: &HolderValue,
         events: &mut Vec<Event>,
     ) -> Result<AcquireReply, LockError> {
         self.check_owned(resource)?;
@@ -522,6 +545,7 @@ impl LockTable {
                 limit: self.limits.max_dedup_entries,
             });
         }
+        self.check_value_room(0, value)?;
         let now = self.now();
         let status = match self.records.get(resource) {
             None => {
@@ -549,7 +573,9 @@ impl LockTable {
                     stamped_expires_at_ms: expires_at_ms,
                     expires_at_ms,
                     attempt: FIRST_ATTEMPT,
+                    value: value.clone(),
                 };
+                self.value_bytes += value.len() as u64;
                 self.expiry_index.insert((expires_at_ms, resource.clone()));
                 self.records.insert(
                     resource.clone(),
@@ -625,7 +651,9 @@ impl LockTable {
                     enqueued_at_ms: now,
                     wait_deadline_ms,
                     attempt: FIRST_ATTEMPT,
+                    value: value.clone(),
                 });
+                self.value_bytes += value.len() as u64;
                 self.dedup.insert(
                     key,
                     DedupEntry {
@@ -856,6 +884,53 @@ impl LockTable {
             .map(|w| w.attempt)
     }
 
+    /// Refuses a value that would take the shard's value bytes past
+    /// `MAX_VALUE_BYTES_PER_SHARD` once `freed` bytes (a value it replaces)
+    /// are given back. An empty value always fits.
+    fn check_value_room(&self, freed: u64, value: &HolderValue) -> Result<(), LockError> {
+        let after = self.value_bytes - freed + value.len() as u64;
+        if !value.is_empty() && after > MAX_VALUE_BYTES_PER_SHARD {
+            return Err(LockError::ValuesFull {
+                limit_bytes: MAX_VALUE_BYTES_PER_SHARD,
+            });
+        }
+        Ok(())
+    }
+
+    /// `Proclaim`: the holder replaces the value it publishes. Answers the
+    /// lease's token. Like a renew, refused unless `lease_id` holds the
+    /// resource now (an expired lease is settled first) and `owner` took it.
+    fn proclaim(
+        &mut self,
+        resource: &ResourceName,
+        owner: &Owner,
+        lease_id: LeaseId,
+        value: &HolderValue,
+        events: &mut Vec<Event>,
+    ) -> Result<FencingToken, LockError> {
+        self.check_owned(resource)?;
+        self.settle(resource, events);
+        let holder = match self.records.get(resource) {
+            Some(record) if record.holder.lease_id == lease_id => &record.holder,
+            _ => return Err(LockError::LeaseNotHeld),
+        };
+        if holder.owner != *owner {
+            return Err(LockError::PermissionDenied);
+        }
+        let old_len = holder.value.len() as u64;
+        self.check_value_room(old_len, value)?;
+        let record = self.records.get_mut(resource).expect("looked up above");
+        record.holder.value = value.clone();
+        let token = record.holder.token;
+        self.value_bytes = self.value_bytes - old_len + value.len() as u64;
+        events.push(Event::ValueChanged {
+            resource: resource.clone(),
+            lease_id,
+            token,
+        });
+        Ok(token)
+    }
+
     /// Counts a held resource in (or out of) its tenant's total.
     pub(crate) fn count_held(&mut self, resource: &ResourceName, held: bool) {
         let tenant = resource.tenant();
@@ -899,6 +974,7 @@ impl LockTable {
         let now = self.now();
         let Record { holder, waiters } = self.records.remove(resource).expect("caller checked");
         self.count_held(resource, false);
+        self.value_bytes -= holder.value.len() as u64;
         let removed = self
             .expiry_index
             .remove(&(holder.expires_at_ms, resource.clone()));
@@ -954,7 +1030,10 @@ impl LockTable {
                             stamped_expires_at_ms: expires_at_ms,
                             expires_at_ms,
                             attempt: waiter.attempt,
+                            value: waiter.value,
                         };
+                        // `unindex_waiter` took the value out; it stays.
+                        self.value_bytes += holder.value.len() as u64;
                         self.records
                             .insert(resource.clone(), Record { holder, waiters });
                         // Handed off within the tenant: it still holds one.
@@ -1005,6 +1084,7 @@ impl LockTable {
     }
 
     pub(crate) fn unindex_waiter(&mut self, resource: &ResourceName, waiter: &Waiter) {
+        self.value_bytes -= waiter.value.len() as u64;
         let removed =
             self.wait_index
                 .remove(&(waiter.wait_deadline_ms, resource.clone(), waiter.lease_id));
@@ -1129,7 +1209,13 @@ impl LockTable {
             expires_at_ms: r.holder.expires_at_ms,
             granted_at_ms: r.holder.granted_at_ms,
             queue_len: r.waiters.len() as u32,
+            value: r.holder.value.clone(),
         })
+    }
+
+    /// Bytes of holder values the shard keeps (holders and waiters).
+    pub fn value_bytes(&self) -> u64 {
+        self.value_bytes
     }
 
     /// When the next lease expiry, wait deadline or dedup forget time falls
@@ -1231,6 +1317,7 @@ impl LockTable {
         let mut tenants: BTreeMap<String, u32> = BTreeMap::new();
         let mut held: BTreeMap<String, u32> = BTreeMap::new();
         let mut live_dedup = 0usize;
+        let mut value_bytes = 0u64;
         if self.epoch > MAX_EPOCH || self.last_position > MAX_POSITION {
             return Err("epoch or position out of range".into());
         }
@@ -1267,6 +1354,10 @@ impl LockTable {
             if h.attempt < FIRST_ATTEMPT {
                 return Err(format!("{name}: holder attempt {}", h.attempt));
             }
+            if h.value.len() > crate::limits::MAX_HOLDER_VALUE_BYTES {
+                return Err(format!("{name}: holder value over its cap"));
+            }
+            value_bytes += h.value.len() as u64;
             expiry.insert((h.expires_at_ms, name.clone()));
             *held.entry(name.tenant().to_owned()).or_default() += 1;
             let key = DedupKey::new(name, &h.owner, &h.request_id);
@@ -1288,6 +1379,10 @@ impl LockTable {
                 if w.attempt < FIRST_ATTEMPT {
                     return Err(format!("{name}: waiter attempt {}", w.attempt));
                 }
+                if w.value.len() > crate::limits::MAX_HOLDER_VALUE_BYTES {
+                    return Err(format!("{name}: waiter value over its cap"));
+                }
+                value_bytes += w.value.len() as u64;
                 waits.insert((w.wait_deadline_ms, name.clone(), w.lease_id));
                 *tenants.entry(name.tenant().to_owned()).or_default() += 1;
                 let key = DedupKey::new(name, &w.owner, &w.request_id);
@@ -1309,6 +1404,12 @@ impl LockTable {
         }
         if held != self.tenant_held {
             return Err("tenant held counts out of sync".into());
+        }
+        if value_bytes != self.value_bytes {
+            return Err(format!(
+                "value bytes out of sync: kept {value_bytes}, counted {}",
+                self.value_bytes
+            ));
         }
         if tenants
             .values()

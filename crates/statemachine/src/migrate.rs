@@ -342,7 +342,9 @@ impl LockTable {
         if self.records.contains_key(&name) {
             return false;
         }
+        self.value_bytes += record.holder.value.len() as u64;
         for waiter in &record.waiters {
+            self.value_bytes += waiter.value.len() as u64;
             self.wait_index
                 .insert((waiter.wait_deadline_ms, name.clone(), waiter.lease_id));
             *self
@@ -360,6 +362,7 @@ impl LockTable {
     fn remove_record_indexed(&mut self, name: &ResourceName) {
         let record = self.records.remove(name).expect("caller listed it");
         self.count_held(name, false);
+        self.value_bytes -= record.holder.value.len() as u64;
         let removed = self
             .expiry_index
             .remove(&(record.holder.expires_at_ms, name.clone()));

@@ -2,7 +2,7 @@
 //! replies and events.
 
 use crate::error::LockError;
-use crate::limits::{LEASE_ID_LEN, MAX_OWNER_LEN, MAX_REQUEST_ID_LEN};
+use crate::limits::{LEASE_ID_LEN, MAX_HOLDER_VALUE_BYTES, MAX_OWNER_LEN, MAX_REQUEST_ID_LEN};
 use crate::name::ResourceName;
 use crate::slots::SlotSet;
 use crate::token::FencingToken;
@@ -112,6 +112,54 @@ impl std::fmt::Debug for Owner {
     }
 }
 
+/// What a holder publishes with its lease: "who leads, and at what
+/// address" for an election, any small descriptor for a lock. Opaque
+/// bytes, at most [`MAX_HOLDER_VALUE_BYTES`]; empty means none (and is
+/// what every lease acquired without one has).
+#[derive(Clone, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct HolderValue(Vec<u8>);
+
+impl HolderValue {
+    /// No value.
+    pub const fn none() -> HolderValue {
+        HolderValue(Vec::new())
+    }
+
+    /// Validates the length (at most [`MAX_HOLDER_VALUE_BYTES`]).
+    pub fn new(bytes: impl Into<Vec<u8>>) -> Result<HolderValue, LockError> {
+        let bytes = bytes.into();
+        if bytes.len() > MAX_HOLDER_VALUE_BYTES {
+            return Err(LockError::ValueTooLarge {
+                len: bytes.len(),
+                max: MAX_HOLDER_VALUE_BYTES,
+            });
+        }
+        Ok(HolderValue(bytes))
+    }
+
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.0
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// Length in bytes (what the shard's value budget counts).
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+}
+
+impl std::fmt::Debug for HolderValue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match std::str::from_utf8(&self.0) {
+            Ok(s) => write!(f, "HolderValue({s:?})"),
+            Err(_) => write!(f, "HolderValue({} bytes)", self.0.len()),
+        }
+    }
+}
+
 /// Everything apply needs to know about the log entry a command came in.
 /// Identical on every replica for the same entry: that is what keeps apply
 /// deterministic.
@@ -143,6 +191,18 @@ pub enum Command {
         lease_id: LeaseId,
         lease_ttl_ms: u64,
         wait_timeout_ms: u64,
+        /// Published while the lease is held (empty: none). A waiter
+        /// keeps it until its grant.
+        value: HolderValue,
+    },
+    /// Replace the value a held lease publishes (an election's Proclaim).
+    /// Only the lease's owner may, and only while the lease holds the
+    /// resource; the token does not change.
+    Proclaim {
+        resource: ResourceName,
+        owner: Owner,
+        lease_id: LeaseId,
+        value: HolderValue,
     },
     /// Extend a held lease to `now + lease_ttl_ms` (never shortening it).
     Renew {
@@ -313,6 +373,11 @@ pub enum Reply {
     Released {
         released: bool,
     },
+    /// The holder's value was replaced; the lease's token, for the caller
+    /// to check it still speaks for the grant it thinks.
+    Proclaimed {
+        token: FencingToken,
+    },
     Cancelled {
         removed: bool,
     },
@@ -379,6 +444,12 @@ pub enum Event {
         request_id: RequestId,
         ended: WaitEnd,
     },
+    /// A holder replaced its value (`Proclaim`).
+    ValueChanged {
+        resource: ResourceName,
+        lease_id: LeaseId,
+        token: FencingToken,
+    },
     /// A waiter's resource moved to another shard with `ExportSlots`: the
     /// wait continues there (a retry by `requestId` finds it).
     WaitMoved {
@@ -402,4 +473,6 @@ pub struct LockView {
     pub expires_at_ms: u64,
     pub granted_at_ms: u64,
     pub queue_len: u32,
+    /// What the holder publishes (empty: none).
+    pub value: HolderValue,
 }

@@ -41,6 +41,7 @@ fn commands() -> Vec<Command> {
             lease_id: LeaseId([1; 16]),
             lease_ttl_ms: 10_000,
             wait_timeout_ms: 5_000,
+            value: fencelock_statemachine::HolderValue::none(),
         },
         Command::Renew {
             owner: Owner::anonymous(),
@@ -110,6 +111,7 @@ fn busy_table() -> LockTable {
                 lease_id: LeaseId([i + 1; 16]),
                 lease_ttl_ms: 10_000,
                 wait_timeout_ms: 60_000,
+                value: fencelock_statemachine::HolderValue::none(),
             },
         );
     }

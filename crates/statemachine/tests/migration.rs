@@ -71,6 +71,7 @@ impl Shard {
             lease_id: LeaseId([lease; 16]),
             lease_ttl_ms: 10_000,
             wait_timeout_ms: wait_ms,
+            value: fencelock_statemachine::HolderValue::none(),
         })? {
             Reply::Acquire(a) => Ok(a),
             other => panic!("unexpected {other:?}"),
@@ -590,6 +591,7 @@ proptest! {
                         lease_id: LeaseId([lease; 16]),
                         lease_ttl_ms: 5_000,
                         wait_timeout_ms: if wait { 30_000 } else { 0 },
+                        value: fencelock_statemachine::HolderValue::none(),
                     });
                     events = out.events;
                 }

@@ -53,6 +53,8 @@ struct MHolder {
     stamped: u64,
     expires: u64,
     attempt: u32,
+    /// What the holder publishes (`Get`); empty: nothing.
+    value: Vec<u8>,
 }
 
 #[derive(Clone, Debug)]
@@ -62,6 +64,7 @@ struct MWaiter {
     ttl: u64,
     deadline: u64,
     attempt: u32,
+    value: Vec<u8>,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -180,17 +183,40 @@ impl Model {
                 lease_id,
                 lease_ttl_ms,
                 wait_timeout_ms,
+                value,
                 ..
             } => self
                 .acquire(
                     resource,
                     request_id,
                     *lease_id,
-                    *lease_ttl_ms,
-                    *wait_timeout_ms,
+                    (*lease_ttl_ms, *wait_timeout_ms),
+                    value.as_bytes(),
                     ev,
                 )
                 .map(Reply::Acquire),
+            // The contract: only the lease that holds the resource now
+            // replaces what it publishes; its token stays.
+            Command::Proclaim {
+                resource,
+                lease_id,
+                value,
+                ..
+            } => {
+                self.settle(resource, ev);
+                match self.held.get_mut(resource) {
+                    Some((h, _)) if h.lease == *lease_id => {
+                        h.value = value.as_bytes().to_vec();
+                        ev.push(Event::ValueChanged {
+                            resource: resource.clone(),
+                            lease_id: *lease_id,
+                            token: h.token,
+                        });
+                        Ok(Reply::Proclaimed { token: h.token })
+                    }
+                    _ => Err(LockError::LeaseNotHeld),
+                }
+            }
             Command::Renew {
                 resource,
                 lease_id,
@@ -306,6 +332,7 @@ impl Model {
                     stamped: expires,
                     expires,
                     attempt: w.attempt,
+                    value: w.value,
                 };
                 self.held.insert(r.clone(), (h, q));
                 return;
@@ -335,8 +362,8 @@ impl Model {
         r: &ResourceName,
         req: &RequestId,
         lease: LeaseId,
-        ttl: u64,
-        wait: u64,
+        (ttl, wait): (u64, u64),
+        value: &[u8],
         ev: &mut Vec<Event>,
     ) -> Result<AcquireReply, LockError> {
         self.check_ttl(ttl)?;
@@ -421,6 +448,7 @@ impl Model {
                 ttl,
                 deadline,
                 attempt: FIRST_ATTEMPT,
+                value: value.to_vec(),
             });
             let position = q.len() as u32;
             self.dedup
@@ -448,6 +476,7 @@ impl Model {
                 stamped: expires,
                 expires,
                 attempt: FIRST_ATTEMPT,
+                value: value.to_vec(),
             };
             self.held.insert(r.clone(), (h, VecDeque::new()));
             self.dedup
@@ -606,6 +635,8 @@ enum Op {
         lease: u8,
         ttl: usize,
         wait: usize,
+        /// Index into `VALUES` (0: none).
+        value: usize,
     },
     Retry {
         pick: usize,
@@ -627,6 +658,11 @@ enum Op {
         pick: usize,
         attempt: u32,
     },
+    Proclaim {
+        res: usize,
+        pick: usize,
+        value: usize,
+    },
     Tick,
     LeaderChanged {
         allowance: usize,
@@ -646,10 +682,20 @@ enum Op {
 const TTLS: [u64; 5] = [1_000, 5_000, 30_000, 0, 45_000];
 const WAITS: [u64; 5] = [0, 2_000, 10_000, 25_000, 31_000];
 const ALLOWANCES: [u64; 4] = [0, 500, 2_000, 61_000];
+/// Holder values: none, small ones, and one at the size limit.
+fn values() -> [Vec<u8>; 4] {
+    [
+        Vec::new(),
+        b"10.0.0.1:7000".to_vec(),
+        vec![0xff, 0, 7],
+        vec![b'v'; limits::MAX_HOLDER_VALUE_BYTES],
+    ]
+}
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        6 => (0..4usize, 0..6u8, 0..40u8, 0..5usize, 0..5usize).prop_map(|(res, req, lease, ttl, wait)| Op::Acquire { res, req, lease, ttl, wait }),
+        6 => (0..4usize, 0..6u8, 0..40u8, 0..5usize, 0..5usize, prop_oneof![2 => Just(0usize), 1 => 1..4usize]).prop_map(|(res, req, lease, ttl, wait, value)| Op::Acquire { res, req, lease, ttl, wait, value }),
+        2 => (0..4usize, any::<usize>(), 0..4usize).prop_map(|(res, pick, value)| Op::Proclaim { res, pick, value }),
         2 => any::<usize>().prop_map(|pick| Op::Retry { pick }),
         3 => (0..4usize, any::<usize>(), 0..5usize).prop_map(|(res, pick, ttl)| Op::Renew { res, pick, ttl }),
         1 => prop::collection::vec((0..4usize, any::<usize>()), 0..4).prop_map(|picks| Op::RenewBatch { picks }),
@@ -772,6 +818,16 @@ impl Observer {
                     q.remove(i.unwrap());
                 }
                 Event::WaitMoved { .. } => prop_assert!(false, "no migration in the model"),
+                // Only the lease that holds now publishes, under its own
+                // token.
+                Event::ValueChanged {
+                    resource,
+                    lease_id,
+                    token,
+                } => {
+                    prop_assert_eq!(self.holder.get(resource), Some(lease_id));
+                    prop_assert_eq!(self.highest_token.get(resource), Some(token));
+                }
             }
         }
         // Only the current lease renews or releases; a stale one changes
@@ -915,7 +971,8 @@ fn by_resource(events: &[Event]) -> BTreeMap<String, Vec<Event>> {
             Event::Granted { resource, .. }
             | Event::LeaseEnded { resource, .. }
             | Event::WaitEnded { resource, .. }
-            | Event::WaitMoved { resource, .. } => resource,
+            | Event::WaitMoved { resource, .. }
+            | Event::ValueChanged { resource, .. } => resource,
         };
         m.entry(r.to_string()).or_default().push(e.clone());
     }
@@ -975,6 +1032,7 @@ fn run(steps: Vec<(Op, i64, bool)>) -> Result<(), TestCaseError> {
                 lease,
                 ttl,
                 wait,
+                value,
             } => {
                 let c = Command::Acquire {
                     owner: Owner::anonymous(),
@@ -983,6 +1041,7 @@ fn run(steps: Vec<(Op, i64, bool)>) -> Result<(), TestCaseError> {
                     lease_id: LeaseId([lease; 16]),
                     lease_ttl_ms: TTLS[ttl],
                     wait_timeout_ms: WAITS[wait],
+                    value: HolderValue::new(values()[value].clone()).unwrap(),
                 };
                 leases.push((r, LeaseId([lease; 16])));
                 acquires.push(c.clone());
@@ -1022,6 +1081,16 @@ fn run(steps: Vec<(Op, i64, bool)>) -> Result<(), TestCaseError> {
                 resource: res(r),
                 lease_id: pick_lease(&leases, r, pick),
                 attempt,
+            },
+            Op::Proclaim {
+                res: r,
+                pick,
+                value,
+            } => Command::Proclaim {
+                owner: Owner::anonymous(),
+                resource: res(r),
+                lease_id: pick_lease(&leases, r, pick),
+                value: HolderValue::new(values()[value].clone()).unwrap(),
             },
             Op::Tick => Command::Tick,
             Op::LeaderChanged {
@@ -1099,6 +1168,11 @@ fn run(steps: Vec<(Op, i64, bool)>) -> Result<(), TestCaseError> {
             prop_assert_eq!(
                 table.view(&r).map(|v| v.lease_id),
                 observer.holder.get(&r).copied()
+            );
+            // What `Get` publishes is the model holder's value.
+            prop_assert_eq!(
+                table.view(&r).map(|v| v.value.as_bytes().to_vec()),
+                model.held.get(&r).map(|(h, _)| h.value.clone())
             );
         }
         log.push((cmd, ctx));

@@ -121,6 +121,7 @@ fn acquire(res: &str, req: &str, lease: u8, ttl: u64, wait: u64) -> Command {
         lease_id: LeaseId([lease; 16]),
         lease_ttl_ms: ttl,
         wait_timeout_ms: wait,
+        value: fencelock_statemachine::HolderValue::none(),
     }
 }
 
@@ -1167,6 +1168,7 @@ fn acquire_as(who: &Owner, res: &str, req: &str, lease: u8, wait: u64) -> Comman
         lease_id: LeaseId([lease; 16]),
         lease_ttl_ms: 10_000,
         wait_timeout_ms: wait,
+        value: fencelock_statemachine::HolderValue::none(),
     }
 }
 

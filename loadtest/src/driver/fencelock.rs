@@ -410,6 +410,7 @@ impl FencelockDriver {
             request_id: rand::random::<[u8; 16]>().to_vec(),
             lease_ttl_ms: ttl_ms,
             wait_timeout_ms: wait_ms,
+            value: Vec::new(),
         };
         let (response, _) = self
             .run(resource, deadline, |mut client, left| {

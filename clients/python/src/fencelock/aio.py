@@ -25,7 +25,7 @@ from ._core import LeaseCore, RenewOutcome
 from ._policy import Advice, Backoff, Failure
 from ._router import Router, target_of
 from .client import MAX_ACQUIRE_RESTARTS, Answer, ClientStats, _ms
-from .config import MAX_REQUEST_ID_LEN, MAX_WAIT_TIMEOUT_MS, ClientConfig
+from .config import MAX_REQUEST_ID_LEN, MAX_VALUE_LEN, MAX_WAIT_TIMEOUT_MS, ClientConfig
 from .errors import (
     FencelockError,
     GrpcError,
@@ -213,7 +213,8 @@ class AsyncClient:
         return _AsyncLockContext(self, resource, ttl, wait)
 
     async def acquire(
-        self, resource: str, ttl: float = 30.0, wait: float = 0.0, request_id: Optional[bytes] = None
+        self, resource: str, ttl: float = 30.0, wait: float = 0.0, request_id: Optional[bytes] = None,
+        value: bytes = b"",
     ) -> "AsyncLease":
         """See ``Client.acquire``. Cancelling it while it waits ends its call,
         which removes the waiter from the server's queue."""
@@ -223,12 +224,16 @@ class AsyncClient:
             raise InvalidArgumentError(f"wait of {wait_ms} ms is over the maximum {MAX_WAIT_TIMEOUT_MS}")
         if request_id is not None and not 1 <= len(request_id) <= MAX_REQUEST_ID_LEN:
             raise InvalidArgumentError(f"request id must be 1..={MAX_REQUEST_ID_LEN} bytes")
+        if len(value) > MAX_VALUE_LEN:
+            raise InvalidArgumentError(f"value of {len(value)} bytes is over the maximum {MAX_VALUE_LEN}")
         explicit = request_id is not None
         rid = request_id if request_id is not None else _core.new_request_id()
         deadline = time.monotonic() + (self.config.call_timeout_ms + wait_ms) / 1000.0
         restarts = 0
         while True:
-            req = lock_pb2.AcquireRequest(resource=resource, request_id=rid, lease_ttl_ms=ttl_ms, wait_timeout_ms=wait_ms)
+            req = lock_pb2.AcquireRequest(
+                resource=resource, request_id=rid, lease_ttl_ms=ttl_ms, wait_timeout_ms=wait_ms, value=value
+            )
             may_restart = not explicit and restarts < MAX_ACQUIRE_RESTARTS and time.monotonic() < deadline
             try:
                 answer = await self._calls.call(
@@ -317,6 +322,15 @@ class AsyncClient:
         a = await self._calls.call("Release", req, lock_pb2.ReleaseResponse, resource=core.resource,
                                    shard_id=None, deadline=deadline)
         return bool(a.value.released)
+
+    async def _proclaim(self, core: LeaseCore, value: bytes) -> int:
+        if len(value) > MAX_VALUE_LEN:
+            raise InvalidArgumentError(f"value of {len(value)} bytes is over the maximum {MAX_VALUE_LEN}")
+        deadline = time.monotonic() + self.config.call_timeout_ms / 1000.0
+        req = lock_pb2.ProclaimRequest(resource=core.resource, lease_id=core.lease_id, value=value)
+        a = await self._calls.call("Proclaim", req, lock_pb2.ProclaimResponse, resource=core.resource,
+                             shard_id=None, deadline=deadline)
+        return int(a.value.fencing_token)
 
     async def get(self, resource: str) -> Any:
         _core.check_resource(resource)
@@ -483,6 +497,10 @@ class AsyncLease:
     def check(self) -> None:
         if not self.held:
             raise LeaseLostError(self.lost_reason)
+
+    async def proclaim(self, value: bytes) -> int:
+        """See ``Lease.proclaim``."""
+        return await self._client._proclaim(self._core, value)
 
     async def release(self, quiet: bool = False) -> bool:
         try:

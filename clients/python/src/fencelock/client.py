@@ -23,7 +23,7 @@ from . import _core, _policy
 from ._core import LeaseCore, RenewOutcome
 from ._policy import Advice, Backoff, Failure
 from ._router import Router, target_of
-from .config import MAX_REQUEST_ID_LEN, MAX_WAIT_TIMEOUT_MS, ClientConfig
+from .config import MAX_REQUEST_ID_LEN, MAX_VALUE_LEN, MAX_WAIT_TIMEOUT_MS, ClientConfig
 from .errors import (
     FencelockError,
     GrpcError,
@@ -229,12 +229,15 @@ class Client:
         return _LockContext(self, resource, ttl, wait)
 
     def acquire(
-        self, resource: str, ttl: float = 30.0, wait: float = 0.0, request_id: Optional[bytes] = None
+        self, resource: str, ttl: float = 30.0, wait: float = 0.0, request_id: Optional[bytes] = None,
+        value: bytes = b"",
     ) -> "Lease":
         """Takes the lease, waiting up to ``wait`` seconds in the resource's
         queue (0 = fail at once with LockHeldError). ``ttl`` 0 = the server's
         default. ``request_id``: only to learn the outcome of an earlier
-        acquire that failed with UnavailableError (it carries its id)."""
+        acquire that failed with UnavailableError (it carries its id).
+        ``value``: what the lease publishes while it holds (``get`` returns
+        it; at most 4096 bytes), e.g. an elected leader's address."""
         _core.check_resource(resource)
         ttl_ms, wait_ms = _ms(ttl), _ms(wait)
         if wait_ms > MAX_WAIT_TIMEOUT_MS:
@@ -242,11 +245,15 @@ class Client:
         explicit = request_id is not None
         if request_id is not None and not 1 <= len(request_id) <= MAX_REQUEST_ID_LEN:
             raise InvalidArgumentError(f"request id must be 1..={MAX_REQUEST_ID_LEN} bytes")
+        if len(value) > MAX_VALUE_LEN:
+            raise InvalidArgumentError(f"value of {len(value)} bytes is over the maximum {MAX_VALUE_LEN}")
         rid = request_id if request_id is not None else _core.new_request_id()
         deadline = time.monotonic() + (self.config.call_timeout_ms + wait_ms) / 1000.0
         restarts = 0
         while True:
-            req = lock_pb2.AcquireRequest(resource=resource, request_id=rid, lease_ttl_ms=ttl_ms, wait_timeout_ms=wait_ms)
+            req = lock_pb2.AcquireRequest(
+                resource=resource, request_id=rid, lease_ttl_ms=ttl_ms, wait_timeout_ms=wait_ms, value=value
+            )
             may_restart = not explicit and restarts < MAX_ACQUIRE_RESTARTS and time.monotonic() < deadline
             try:
                 answer = self._calls.call(
@@ -340,6 +347,15 @@ class Client:
         a = self._calls.call("Release", req, lock_pb2.ReleaseResponse, resource=core.resource,
                              shard_id=None, deadline=deadline)
         return bool(a.value.released)
+
+    def _proclaim(self, core: LeaseCore, value: bytes) -> int:
+        if len(value) > MAX_VALUE_LEN:
+            raise InvalidArgumentError(f"value of {len(value)} bytes is over the maximum {MAX_VALUE_LEN}")
+        deadline = time.monotonic() + self.config.call_timeout_ms / 1000.0
+        req = lock_pb2.ProclaimRequest(resource=core.resource, lease_id=core.lease_id, value=value)
+        a = self._calls.call("Proclaim", req, lock_pb2.ProclaimResponse, resource=core.resource,
+                             shard_id=None, deadline=deadline)
+        return int(a.value.fencing_token)
 
     def get(self, resource: str) -> Any:
         """The resource's lock state (a linearizable ``GetResponse``)."""
@@ -554,6 +570,12 @@ class Lease:
                 if step <= 0:
                     return None
             self.lost.wait(timeout=max(step, 0.001))
+
+    def proclaim(self, value: bytes) -> int:
+        """Replaces the value this lease publishes (``get`` returns it): an
+        election's Proclaim. The token does not change; it is returned.
+        LeaseNotHeld (a RejectedError) means the lock is lost."""
+        return self._client._proclaim(self._core, value)
 
     def release(self, quiet: bool = False) -> bool:
         """Stops renewing and ends the lease: True if this ended the

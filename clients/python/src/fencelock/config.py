@@ -14,6 +14,8 @@ MAX_CALL_TIMEOUT_MS = 600_000
 MAX_WAIT_TIMEOUT_MS = 300_000
 MAX_STOP_BY_MARGIN_PERCENT = 50
 MAX_REQUEST_ID_LEN = 64
+#: Largest value a lease may publish (lock.proto ``AcquireRequest.value``).
+MAX_VALUE_LEN = 4096
 
 
 @dataclass(frozen=True)

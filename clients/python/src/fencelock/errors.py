@@ -48,6 +48,9 @@ class Reason(enum.IntEnum):
     RATE_LIMITED = 34
     MALFORMED_REQUEST = 35
     MESSAGE_TOO_LARGE = 36
+    VALUE_TOO_LARGE = 37
+    VALUES_FULL = 38
+    FEATURE_NOT_ENABLED = 39
 
 
 class RetryPolicy(enum.IntEnum):

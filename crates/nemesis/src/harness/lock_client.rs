@@ -200,6 +200,7 @@ impl LockClient {
             request_id: request_id.as_bytes().to_vec(),
             lease_ttl_ms: ttl_ms,
             wait_timeout_ms: wait_ms,
+            value: Vec::new(),
         };
         let (ended, earlier_maybe_applied) = self
             .attempts_noting(wait_ms, |mut c| {

@@ -23,10 +23,18 @@ pub enum Op {
     RenewBatch,
     Release,
     Get,
+    Proclaim,
 }
 
 impl Op {
-    pub const ALL: [Op; 5] = [Op::Acquire, Op::Renew, Op::RenewBatch, Op::Release, Op::Get];
+    pub const ALL: [Op; 6] = [
+        Op::Acquire,
+        Op::Renew,
+        Op::RenewBatch,
+        Op::Release,
+        Op::Get,
+        Op::Proclaim,
+    ];
 
     pub fn label(self) -> &'static str {
         match self {
@@ -35,6 +43,7 @@ impl Op {
             Op::RenewBatch => "renew_batch",
             Op::Release => "release",
             Op::Get => "get",
+            Op::Proclaim => "proclaim",
         }
     }
 }
@@ -100,7 +109,8 @@ impl Outcome {
             | RequestIdReused
             | LeaseIdCollision
             | WaitCancelled
-            | TenantQuotaExceeded => Outcome::Conflict,
+            | TenantQuotaExceeded
+            | ValuesFull => Outcome::Conflict,
             WaitTimedOut => Outcome::Timeout,
             NotLeader | LeaderUnknown | NoQuorum | LeaderNotReady | ShuttingDown | ServerBusy
             | EpochNotMatch | ShardNotFound | TokenSpaceExhausted | DedupTableFull | TableFull
@@ -117,6 +127,8 @@ impl Outcome {
             | MessageTooLarge
             | NodeNotFound
             | PlacementConflict
+            | ValueTooLarge
+            | FeatureNotEnabled
             | PermissionDenied => Outcome::Invalid,
             Internal | Unspecified => Outcome::Error,
         }

@@ -19,3 +19,4 @@ mod repair;
 mod sharding;
 mod transport;
 mod upgrades;
+mod values;

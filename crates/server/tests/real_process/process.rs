@@ -98,6 +98,7 @@ async fn kill_9_of_the_leader_under_load_loses_no_acknowledged_grant() {
                 request_id: format!("req-{i}").into_bytes(),
                 lease_ttl_ms: 120_000,
                 wait_timeout_ms: 0,
+                value: Vec::new(),
             };
             let r = call(&stream_endpoints, Duration::from_secs(10), |mut c| {
                 let req = req.clone();

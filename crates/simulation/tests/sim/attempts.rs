@@ -76,6 +76,7 @@ pub(super) fn acquire_for(
             lease_id: LeaseId([lease; 16]),
             lease_ttl_ms,
             wait_timeout_ms,
+            value: fencelock_statemachine::HolderValue::none(),
         },
         responder: Responder::Acquire {
             resource: resource.clone(),

@@ -518,6 +518,7 @@ impl Clients {
                         lease_id,
                         lease_ttl_ms: op.ttl_ms,
                         wait_timeout_ms: op.wait_ms,
+                        value: fencelock_statemachine::HolderValue::none(),
                     },
                     responder: Responder::Acquire { resource, tx },
                     caller: None,

@@ -74,6 +74,7 @@ fn acquire(
             lease_id: LeaseId([lease; 16]),
             lease_ttl_ms: ORPHAN_TTL_MS,
             wait_timeout_ms,
+            value: fencelock_statemachine::HolderValue::none(),
         },
         responder: Responder::Acquire {
             resource: resource.clone(),

@@ -525,6 +525,7 @@ fn setup(seed: u64) -> (World, Vec<Held>) {
                 lease_id,
                 lease_ttl_ms: LEASE_TTL_MS,
                 wait_timeout_ms: 0,
+                value: fencelock_statemachine::HolderValue::none(),
             },
         );
         match reply {
