@@ -163,6 +163,27 @@ fn a_new_leader_trusting_its_stepped_wall_clock_is_caught_by_the_checkers() {
     );
 }
 
+/// `clock-drift` runs a node's clocks off true time. Within the documented
+/// bound (1%, every seeded run) the clients' stop-by margin covers it;
+/// past it (here 40% fast, beyond the 15% margin the simulated clients
+/// keep) a leader ends leases early in real time, and the next holder is
+/// granted while the last one still works: the `windows` checker must see
+/// that, or the fault kind would prove nothing.
+#[test]
+fn clocks_drifting_past_the_documented_bound_are_caught_by_the_windows_checker() {
+    let seed = first_seed_failing(
+        |seed| SimOptions {
+            drift_ppm: 400_000,
+            ..SimOptions::new(seed)
+        },
+        "windows",
+    );
+    assert!(
+        seed.is_some(),
+        "no seed in 1..={BROKEN_SEEDS} caught a leader whose clock runs 40% fast"
+    );
+}
+
 #[test]
 fn acknowledging_before_persisting_is_caught_by_the_durability_check() {
     let seed = first_seed_failing(

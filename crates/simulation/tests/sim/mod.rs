@@ -50,6 +50,9 @@ pub struct SimOptions {
     pub store_fault: Option<SimFault>,
     /// `Unchecked`: the protected resource skips the token check.
     pub fence: FenceMode,
+    /// How far a `clock-drift` fault runs a node's clocks off true time,
+    /// ppm: the documented bound (1%) unless a test breaks it on purpose.
+    pub drift_ppm: i64,
 }
 
 impl SimOptions {
@@ -60,6 +63,7 @@ impl SimOptions {
             heal_ms: LIVENESS_BOUND_MS + 500,
             store_fault: None,
             fence: FenceMode::Checked,
+            drift_ppm: world::DRIFT_BOUND_PPM,
         }
     }
 }
@@ -237,6 +241,30 @@ fn nemesis(world: &mut World, events: &mut Vec<Event>, faults: &mut Vec<String>)
                 format!("node {id} by {by} ms (now {skew} ms off)"),
             );
         }
+        // Run a node's clocks fast or slow (the busiest leader's, mostly:
+        // a leader ends leases by its own clock) until everything heals.
+        93..=96 => {
+            let target = if roll < 95 {
+                world.busiest_leader()
+            } else {
+                Some(world.rng.random_range(1..=NODES))
+            };
+            let Some(id) = target else {
+                return;
+            };
+            let ppm = if world.rng.random_bool(0.7) {
+                world.drift_ppm
+            } else {
+                -world.drift_ppm
+            };
+            world.set_clock_rate(id, ppm);
+            note(
+                world,
+                events,
+                "clock-drift",
+                format!("node {id}'s clocks run {ppm:+} ppm"),
+            );
+        }
         _ => {}
     }
 }
@@ -245,6 +273,7 @@ fn nemesis(world: &mut World, events: &mut Vec<Event>, faults: &mut Vec<String>)
 pub fn run(options: &SimOptions) -> SimRun {
     let mut world = World::new(StdRng::seed_from_u64(options.seed), options.store_fault);
     world.report_durability = true;
+    world.drift_ppm = options.drift_ppm;
     let config = World::bootstrap_config();
     let nodes: Vec<(u64, String)> = config.peer_map().into_iter().collect();
     let map = match PlacementMap::bootstrap(

@@ -60,22 +60,61 @@ const SNAPSHOT_INTERVAL_ENTRIES: u64 = 100;
 /// safety must not need it).
 pub const CLOCK_STEP_MS: (i64, i64) = (1_000, 6_000);
 
-/// The nodes' clock: true simulated time plus this node's skew (its
-/// monotonic clock is true simulated time: rates are exact here).
+/// The documented bound on a clock's rate error (docs/safety.md, A2): 1%.
+pub const DRIFT_BOUND_PPM: i64 = 10_000;
+
+/// The nodes' clock: this node's own reading of simulated time — true
+/// time run at the node's rate error (`clock-drift`; exact until one) —
+/// with the wall clock `skew_ms` off it (`clock-step`).
 struct SimClock {
     base: Instant,
     now_ms: Arc<AtomicU64>,
     skew_ms: AtomicI64,
+    drift: Mutex<Drift>,
+}
+
+/// A clock's rate error since `true_at_ms`, when it read `local_at_ms`.
+#[derive(Default)]
+struct Drift {
+    ppm: i64,
+    true_at_ms: u64,
+    local_at_ms: u64,
+}
+
+impl SimClock {
+    /// Simulated ms since the start as this node's clocks count them.
+    fn local_ms(&self) -> u64 {
+        let true_ms = self.now_ms.load(Ordering::Relaxed);
+        let Ok(d) = self.drift.lock() else {
+            return true_ms;
+        };
+        let since = i128::from(true_ms.saturating_sub(d.true_at_ms));
+        let local_since = since * (1_000_000 + i128::from(d.ppm)) / 1_000_000;
+        d.local_at_ms + u64::try_from(local_since).unwrap_or(0)
+    }
+
+    /// Runs the clocks `ppm` fast (negative: slow) from now on; they never
+    /// go back.
+    fn set_rate(&self, ppm: i64) {
+        let local_ms = self.local_ms();
+        if let Ok(mut d) = self.drift.lock() {
+            *d = Drift {
+                ppm,
+                true_at_ms: self.now_ms.load(Ordering::Relaxed),
+                local_at_ms: local_ms,
+            };
+        }
+    }
 }
 
 impl Clock for SimClock {
     fn wall_ms(&self) -> u64 {
-        let now = SIM_EPOCH_WALL_MS + self.now_ms.load(Ordering::Relaxed);
+        let now = SIM_EPOCH_WALL_MS + self.local_ms();
         now.saturating_add_signed(self.skew_ms.load(Ordering::Relaxed))
     }
 
     fn now(&self) -> Instant {
-        self.base + Duration::from_millis(self.now_ms.load(Ordering::Relaxed))
+        self.base + Duration::from_millis(self.local_ms())
     }
 }
 
@@ -201,6 +240,9 @@ pub struct World {
     /// the caller to report (the seeded runs); otherwise it panics at once
     /// (the scenario tests, which report no verdicts).
     pub report_durability: bool,
+    /// How fast or slow a `clock-drift` fault runs a node's clocks, ppm
+    /// (the documented bound unless a test breaks it on purpose).
+    pub drift_ppm: i64,
 }
 
 /// What the run did, for the report.
@@ -266,6 +308,7 @@ impl World {
             stats: Stats::default(),
             durability: Verdict::new("durable"),
             report_durability: false,
+            drift_ppm: DRIFT_BOUND_PPM,
         };
         for id in 1..=NODES {
             let skew = world
@@ -286,6 +329,7 @@ impl World {
                     base: world.base,
                     now_ms: world.time.clone(),
                     skew_ms: AtomicI64::new(skew),
+                    drift: Mutex::default(),
                 }),
                 sink: Arc::default(),
                 status: Arc::default(),
@@ -330,6 +374,13 @@ impl World {
     pub fn step_wall_clock(&mut self, id: u64, by_ms: i64) -> i64 {
         let clock = &self.node(id).clock;
         clock.skew_ms.fetch_add(by_ms, Ordering::Relaxed) + by_ms
+    }
+
+    /// Runs node `id`'s clocks (monotonic and wall) `ppm` fast, or slow
+    /// when negative, from now on (`clock-drift`); 0 gives back the true
+    /// rate. Time already counted stays counted.
+    pub fn set_clock_rate(&mut self, id: u64, ppm: i64) {
+        self.node(id).clock.set_rate(ppm);
     }
 
     pub fn is_up(&self, id: u64) -> bool {
@@ -625,6 +676,9 @@ impl World {
     pub fn heal_all(&mut self) {
         self.cut.clear();
         self.disarm_all();
+        for id in 1..=NODES {
+            self.set_clock_rate(id, 0);
+        }
         for id in 1..=NODES {
             self.start(id);
         }
