@@ -8,7 +8,9 @@
 //! granted twice), all within the call's deadline.
 
 use clap::Args;
-use fencelock_api::v1::{ErrorDetail, LeaseState, Reason, RetryPolicy};
+use fencelock_api::v1::{
+    ErrorDetail, LeaseState, Reason, RetryPolicy, Revision, WatchEvent, WatchEventKind,
+};
 use fencelock_client::{AcquireOptions, Client, ClientConfig, ClientError, RequestId};
 use tonic::Code;
 
@@ -101,6 +103,150 @@ pub struct GetArgs {
     resource: String,
     #[command(flatten)]
     opts: ClientOpts,
+}
+
+#[derive(Debug, Args)]
+pub struct WatchArgs {
+    /// The resource to follow.
+    resource: String,
+    /// Resume after this revision (`EPOCH.INDEX.SEQ`, as a previous watch
+    /// printed it): the changes after it, or the state now marked `gap`
+    /// when the nodes no longer keep them. Absent: start with the state
+    /// now.
+    #[arg(long, value_name = "REVISION", value_parser = parse_revision)]
+    after: Option<Revision>,
+    #[command(flatten)]
+    opts: ClientOpts,
+}
+
+/// `3.1204.0` → the revision epoch 3, index 1204, seq 0.
+fn parse_revision(text: &str) -> Result<Revision, String> {
+    let parts: Vec<&str> = text.split('.').collect();
+    let bad = || format!("{text:?} is not a revision: expected EPOCH.INDEX.SEQ, e.g. 3.1204.0");
+    let [epoch, index, seq] = parts[..] else {
+        return Err(bad());
+    };
+    Ok(Revision {
+        epoch: epoch.parse().map_err(|_| bad())?,
+        index: index.parse().map_err(|_| bad())?,
+        seq: seq.parse().map_err(|_| bad())?,
+    })
+}
+
+fn revision_text(revision: &Option<Revision>) -> String {
+    revision.as_ref().map_or_else(String::new, |r| {
+        format!("{}.{}.{}", r.epoch, r.index, r.seq)
+    })
+}
+
+/// Reasons a watch ends with that a new watch from the last revision
+/// resolves (lock.proto `Watch`).
+fn watch_resumes(error: &ClientError) -> bool {
+    let status = status_of(error);
+    match ErrorDetail::from_status(&status) {
+        Some(detail) => matches!(
+            detail.reason(),
+            Reason::ServerBusy | Reason::EpochNotMatch | Reason::ShuttingDown
+        ),
+        None => matches!(
+            status.code(),
+            Code::Unavailable | Code::Unknown | Code::Internal
+        ),
+    }
+}
+
+pub async fn watch(args: WatchArgs) -> u8 {
+    let client = match client_for(&args.opts).await {
+        Ok(client) => client,
+        Err(code) => return code,
+    };
+    let mut after = args.after;
+    let context = || Object::new().with("resource", args.resource.as_str());
+    loop {
+        let mut stream = tokio::select! {
+            started = client.watch(&args.resource, after) => match started {
+                Ok(stream) => stream,
+                Err(e) => return report_client_error(&args.opts, &e, context()).await,
+            },
+            _ = tokio::signal::ctrl_c() => return EXIT_OK,
+        };
+        let ended = loop {
+            let message = tokio::select! {
+                m = stream.message() => m,
+                _ = tokio::signal::ctrl_c() => return EXIT_OK,
+            };
+            match message {
+                Ok(Some(event)) => {
+                    after = event.revision.or(after);
+                    print_watch_event(&args, &event);
+                }
+                Ok(None) => {
+                    break ClientError::Grpc(Box::new(tonic::Status::unavailable(
+                        "the node ended the watch",
+                    )))
+                }
+                Err(status) => break client_error_of(status),
+            }
+        };
+        if !watch_resumes(&ended) {
+            return report_client_error(&args.opts, &ended, context()).await;
+        }
+        if args.opts.verbose {
+            eprintln!(
+                "fencelock: watch ended ({}); resuming after {}",
+                status_of(&ended).message(),
+                revision_text(&after)
+            );
+        }
+    }
+}
+
+fn client_error_of(status: tonic::Status) -> ClientError {
+    match ErrorDetail::from_status(&status) {
+        Some(detail) => ClientError::Rejected(Box::new(detail)),
+        None => ClientError::Grpc(Box::new(status)),
+    }
+}
+
+fn print_watch_event(args: &WatchArgs, event: &WatchEvent) {
+    let kind = WatchEventKind::try_from(event.kind).unwrap_or(WatchEventKind::Unspecified);
+    let name = kind
+        .as_str_name()
+        .strip_prefix("WATCH_EVENT_KIND_")
+        .unwrap_or("UNSPECIFIED")
+        .to_ascii_lowercase();
+    let revision = revision_text(&event.revision);
+    match args.opts.output {
+        Output::Json => {
+            let object = Object::new()
+                .with("resource", args.resource.as_str())
+                .with("revision", revision.as_str())
+                .with("event", name.as_str())
+                .with("held", event.held)
+                .with("fencing_token", event.fencing_token)
+                .with("value", printable_value(&event.value).as_str())
+                .with("expires_at_ms", event.expires_at_ms)
+                .with("gap", event.gap)
+                .with("shard_id", event.shard_id);
+            println!("{}", object.render());
+        }
+        Output::Human => {
+            let mut line = format!("{revision} {name}");
+            if kind == WatchEventKind::State {
+                line.push_str(if event.held { " held" } else { " free" });
+            }
+            if event.fencing_token != 0 {
+                line.push_str(&format!(" token={}", event.fencing_token));
+            }
+            if !event.value.is_empty() {
+                line.push_str(&format!(" value={}", printable_value(&event.value)));
+            }
+            if event.gap {
+                line.push_str(" (gap: earlier changes were not kept)");
+            }
+            println!("{line}");
+        }
+    }
 }
 
 /// A client for `opts` (endpoints, TLS, `--verbose` logging of the
@@ -564,6 +710,22 @@ mod tests {
 
     fn status(detail: ErrorDetail) -> tonic::Status {
         detail.to_status()
+    }
+
+    #[test]
+    fn a_revision_reads_as_epoch_index_seq_and_anything_else_is_refused() {
+        assert_eq!(
+            parse_revision("3.1204.0"),
+            Ok(Revision {
+                epoch: 3,
+                index: 1204,
+                seq: 0
+            })
+        );
+        for bad in ["", "3.1204", "3.1204.0.1", "a.b.c", "-1.2.3"] {
+            assert!(parse_revision(bad).is_err(), "{bad:?}");
+        }
+        assert_eq!(revision_text(&parse_revision("7.8.9").ok()), "7.8.9");
     }
 
     #[test]

@@ -123,6 +123,12 @@ enum Command {
     /// Show a resource's lock state (linearizable read).
     #[command(after_help = EXIT_CODES_HELP)]
     Get(client::GetArgs),
+    /// Follow a resource's changes: its state now, then one line per change
+    /// (granted with the token and value, value changed, released,
+    /// expired, cancelled) with its revision, until Ctrl-C. Reconnects by
+    /// itself from the last revision seen.
+    #[command(after_help = EXIT_CODES_HELP)]
+    Watch(client::WatchArgs),
     /// Run a command while holding a lock: acquire, pass the fencing token
     /// in $FENCELOCK_TOKEN, keep the lease renewed, stop the command if the
     /// lock is lost, release when it exits.
@@ -293,6 +299,7 @@ pub async fn run(cli: Cli) -> u8 {
         Command::Renew(args) => client::renew(args).await,
         Command::Release(args) => client::release(args).await,
         Command::Get(args) => client::get(args).await,
+        Command::Watch(args) => client::watch(args).await,
         Command::Lock(args) => lock::run(args).await,
         Command::Admin(args) => admin::run(args).await,
     }

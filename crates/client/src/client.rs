@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use fencelock_api::v1::lock_service_client::LockServiceClient;
 use fencelock_api::v1::{
     AcquireRequest, AcquireResponse, GetRequest, GetResponse, LeaseState, ProclaimRequest, Reason,
-    ReleaseRequest, RenewRequest, RenewResponse,
+    ReleaseRequest, RenewRequest, RenewResponse, Revision, WatchEvent, WatchRequest,
 };
 use tokio::sync::{oneshot, watch, Notify};
 use tonic::transport::Channel;
@@ -372,6 +372,40 @@ impl Client {
         self.inner
             .router
             .learn(Some(resource), answer.value.shard_id, &answer.url);
+        Ok(answer.value)
+    }
+
+    /// Starts watching `resource` (lock.proto `Watch`) on a node with a
+    /// replica of its shard, following hints: its state now (`after`
+    /// `None`), or the changes after `after` (the last revision received,
+    /// when resuming). Retries routing and availability failures until the
+    /// call deadline; the stream itself has no deadline. When it ends with
+    /// an error, watch again with the last revision received.
+    pub async fn watch(
+        &self,
+        resource: &str,
+        after: Option<Revision>,
+    ) -> Result<tonic::Streaming<WatchEvent>, ClientError> {
+        let request = WatchRequest {
+            resource: resource.to_owned(),
+            after,
+        };
+        let deadline = Instant::now() + self.inner.config().call_timeout();
+        let answer = self
+            .inner
+            .call(
+                Some(resource),
+                None,
+                deadline,
+                AttemptLimit::Bounded,
+                &[],
+                // No gRPC deadline on the request: it would end the stream.
+                |mut client, _attempt_timeout| {
+                    let request = request.clone();
+                    async move { client.watch(request).await }
+                },
+            )
+            .await?;
         Ok(answer.value)
     }
 

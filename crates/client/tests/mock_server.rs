@@ -14,7 +14,7 @@ use fencelock_client::proto::{
     renew_result, AcquireRequest, AcquireResponse, ErrorDetail, GetRequest, GetResponse,
     LeaderHint, LeaseState, ProclaimRequest, ProclaimResponse, Reason, ReleaseRequest,
     ReleaseResponse, RenewBatchRequest, RenewBatchResponse, RenewRequest, RenewResponse,
-    RenewResult,
+    RenewResult, WatchEvent, WatchRequest,
 };
 use fencelock_client::{
     AcquireOptions, Client, ClientConfig, ClientError, LeaseStatus, LostReason, RequestId,
@@ -232,6 +232,14 @@ impl LockService for Node {
         self.redirect()?;
         self.0.releases.lock().unwrap().push(request.into_inner());
         Ok(Response::new(ReleaseResponse { released: true }))
+    }
+
+    type WatchStream = tokio_stream::Empty<Result<WatchEvent, Status>>;
+
+    async fn watch(&self, _: Request<WatchRequest>) -> Result<Response<Self::WatchStream>, Status> {
+        Err(Status::unimplemented(
+            "the fake node does not stream changes",
+        ))
     }
 
     async fn proclaim(

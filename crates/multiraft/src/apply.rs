@@ -130,6 +130,12 @@ pub(crate) fn apply_entries(
             for event in &outcome.events {
                 on_event(peer, event, leader.then_some((&caller, at)), obs);
             }
+            peer.watch
+                .on_events(&peer.table, entry.index, &outcome.events);
+            if matches!(command, Command::ExportSlots { .. }) && outcome.reply.is_ok() {
+                let table = &peer.table;
+                peer.watch.cut_moved(|resource| !table.owns(resource));
+            }
             let responder = responders.next().unwrap_or(Responder::None);
             respond(peer, responder, outcome.reply, caller);
         }

@@ -7,6 +7,7 @@
 use fencelock_api::refusal::{
     invalid_argument_reason, lock_detail, lock_reason, placement_reason, INTERNAL_RETRY_AFTER_MS,
     LEADER_NOT_READY_RETRY_AFTER_MS, LEADER_UNKNOWN_RETRY_AFTER_MS, NO_QUORUM_RETRY_AFTER_MS,
+    SERVER_BUSY_RETRY_AFTER_MS,
 };
 use fencelock_api::v1::{ErrorDetail, LeaderHint, Reason, RetryPolicy};
 use fencelock_router::LeaderInfo;
@@ -67,6 +68,9 @@ pub enum StoreError {
     /// The placement map refused a placement command; nothing changed.
     #[error("placement refused: {0}")]
     Placement(fencelock_placement::PlacementError),
+    /// This node serves as many watchers as it may.
+    #[error("this node serves {limit} watchers already; watch on another node or later")]
+    TooManyWatchers { limit: usize },
 }
 
 fn leader_note(leader: &Option<LeaderInfo>) -> String {
@@ -105,6 +109,7 @@ impl StoreError {
             }
             StoreError::ShardNotHere { .. } => Reason::ShardNotFound,
             StoreError::Placement(e) => placement_reason(e),
+            StoreError::TooManyWatchers { .. } => Reason::ServerBusy,
         }
     }
 
@@ -165,6 +170,11 @@ impl StoreError {
                     ..base
                 }
             }
+            StoreError::TooManyWatchers { limit } => ErrorDetail {
+                max_allowed: *limit as u64,
+                retry_after_ms: SERVER_BUSY_RETRY_AFTER_MS,
+                ..base
+            },
             StoreError::ShuttingDown
             | StoreError::WaitTimedOut
             | StoreError::WaitCancelled

@@ -70,6 +70,7 @@ mod snapshot;
 mod store;
 #[cfg(test)]
 mod tests;
+pub mod watch;
 
 pub use config::{RaftConfig, StoreConfig};
 pub use error::StoreError;

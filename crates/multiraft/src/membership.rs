@@ -153,6 +153,7 @@ impl Store {
         let logger = slog::Logger::root(slog::Discard, slog::o!());
         let raw = RawNode::new(&raft_config, storage, &logger)
             .map_err(|e| StoreError::Storage(format!("shard {shard_id}: {e}")))?;
+        let watch = crate::watch::WatchHub::starting_at(&table);
         self.peers.insert(
             shard_id,
             Peer {
@@ -181,6 +182,7 @@ impl Store {
                 snapshots_installed: 0,
                 leaderless_since: None,
                 hot: hot::HotCounter::new(self.time.now()),
+                watch,
                 snapshot_wait_ticks: BTreeMap::new(),
             },
         );
@@ -244,6 +246,7 @@ impl Store {
         self.flush_deferred();
         let mut peer = self.peers.remove(&shard_id).expect("checked");
         fail_peer(&mut peer, StoreError::ShardNotHere { shard_id });
+        peer.watch.restart(&peer.table);
         let mut batch = WriteBatch::new();
         peer.raw
             .mut_store()

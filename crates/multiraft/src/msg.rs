@@ -71,6 +71,15 @@ pub enum StoreMsg {
     Raft {
         envelopes: Vec<Envelope>,
     },
+    /// Watch `resource` on this node's replica of `shard_id` (any replica:
+    /// every one records the same changes), from the state now or after
+    /// `after` ([`crate::watch`]).
+    Watch {
+        shard_id: u64,
+        resource: ResourceName,
+        after: Option<crate::watch::Revision>,
+        tx: oneshot::Sender<Result<crate::watch::WatchStream, StoreError>>,
+    },
     /// Add or remove a replica of one shard (a Raft configuration change).
     ChangeMembership {
         shard_id: u64,

@@ -168,6 +168,7 @@ impl Store {
                 match decode_state(snap.get_data()) {
                     Ok((table, placement)) => {
                         peer.table = table;
+                        peer.watch.restart(&peer.table);
                         peer.placement = placement;
                         peer.applied_index = snap.get_metadata().index;
                         peer.applied_term = snap.get_metadata().term;

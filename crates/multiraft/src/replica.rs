@@ -168,6 +168,8 @@ pub(crate) struct Peer {
     pub(crate) leaderless_since: Option<Instant>,
     /// The hottest resources, counted while this replica leads.
     pub(crate) hot: hot::HotCounter,
+    /// Recent changes of the shard's resources and this node's watchers.
+    pub(crate) watch: crate::watch::WatchHub,
     /// Leader: ticks each replica has spent waiting for a snapshot
     /// (see [`SNAPSHOT_RESEND_TICKS`]).
     pub(crate) snapshot_wait_ticks: BTreeMap<u64, u32>,

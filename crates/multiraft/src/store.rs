@@ -303,6 +303,23 @@ impl Store {
                 Ok(peer) => peer.queued.push((command, responder, caller)),
                 Err(e) => respond_err(responder, e),
             },
+            StoreMsg::Watch {
+                shard_id,
+                resource,
+                after,
+                tx,
+            } => {
+                let node_watchers = self.peers.values().map(|p| p.watch.watcher_count()).sum();
+                let Some(peer) = self.peers.get_mut(&shard_id) else {
+                    let _ = tx.send(Err(StoreError::ShardNotHere { shard_id }));
+                    return;
+                };
+                let answer = peer
+                    .watch
+                    .subscribe(&peer.table, &resource, after, node_watchers)
+                    .map_err(|limit| StoreError::TooManyWatchers { limit });
+                let _ = tx.send(answer);
+            }
             StoreMsg::Read {
                 shard_id,
                 resource,

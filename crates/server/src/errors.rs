@@ -142,6 +142,9 @@ pub enum ServerError {
         needs: u32,
         current: u32,
     },
+    /// This node serves as many watchers as it may.
+    #[error("this node serves {limit} watchers already; watch on another node or later")]
+    TooManyWatchers { limit: usize },
 }
 
 impl From<fencelock_router::RouteError> for ServerError {
@@ -174,6 +177,7 @@ impl From<StoreError> for ServerError {
             S::Internal(e) => ServerError::Internal(e),
             S::ShardNotHere { shard_id } => ServerError::ShardNotHere { shard_id },
             S::Placement(e) => ServerError::Placement(e),
+            S::TooManyWatchers { limit } => ServerError::TooManyWatchers { limit },
         }
     }
 }
@@ -222,6 +226,7 @@ impl ServerError {
                 shard_id: *shard_id,
             },
             ServerError::Placement(e) => S::Placement(e.clone()),
+            ServerError::TooManyWatchers { limit } => S::TooManyWatchers { limit: *limit },
             ServerError::ServerBusy
             | ServerError::DiskLow { .. }
             | ServerError::Config(_)

@@ -72,6 +72,7 @@ pub use fencelock_status as status;
 /// server's callers.
 pub use fencelock_transport as transport;
 pub mod validate;
+pub mod watch;
 
 /// Generated code of the internal peer protocol (`proto/fencelock/internal`),
 /// compiled by the api crate.

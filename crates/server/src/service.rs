@@ -23,7 +23,7 @@ use fencelock_api::v1::ErrorDetail;
 use fencelock_api::v1::{
     renew_result, AcquireRequest, AcquireResponse, GetRequest, GetResponse, LeaseState,
     ProclaimRequest, ProclaimResponse, ReleaseRequest, ReleaseResponse, RenewBatchRequest,
-    RenewBatchResponse, RenewRequest, RenewResponse, RenewResult,
+    RenewBatchResponse, RenewRequest, RenewResponse, RenewResult, WatchRequest,
 };
 use fencelock_statemachine::limits::MAX_RENEW_BATCH;
 use fencelock_statemachine::{
@@ -872,6 +872,42 @@ impl LockServiceImpl {
         .await
     }
 
+    async fn serve_watch(
+        &self,
+        request: Request<WatchRequest>,
+    ) -> Result<Response<crate::watch::WatchEvents>, Status> {
+        let req = request.into_inner();
+        let resource = resource(&req.resource)?;
+        self.authorize(&resource, Access::Read)?;
+        let shard_id = self.router.shard_of(&resource).map_err(ServerError::from)?;
+        let after = req.after.map(|r| fencelock_multiraft::watch::Revision {
+            epoch: r.epoch,
+            index: r.index,
+            seq: r.seq,
+        });
+        let (tx, rx) = oneshot::channel();
+        self.send(StoreMsg::Watch {
+            shard_id,
+            resource,
+            after,
+            tx,
+        })?;
+        match rx.await.map_err(|_| ServerError::ShuttingDown)? {
+            Ok(stream) => Ok(Response::new(crate::watch::WatchEvents::new(
+                stream, shard_id,
+            ))),
+            // Any replica serves a watch: name one that has the shard.
+            Err(crate::store::StoreError::ShardNotHere { .. }) => {
+                let leader = self
+                    .router
+                    .leader_of(shard_id)
+                    .and_then(|node_id| self.router.leader_info(node_id));
+                Err(self.refusal(ServerError::NotLeader { shard_id, leader }, shard_id))
+            }
+            Err(e) => Err(self.refusal(e.into(), shard_id)),
+        }
+    }
+
     /// Refuses a feature of placement format `needs` until the cluster
     /// format (this node's map) reaches it: a replica still on an older
     /// build would stop at the entry (docs/operations.md, "Formats"). A map
@@ -980,6 +1016,18 @@ impl LockService for LockServiceImpl {
         let caller = caller_of(&request);
         let identity = (identity_of(&request), relayed_of(&request));
         self.measured(Op::Proclaim, caller, identity, self.serve_proclaim(request))
+            .await
+    }
+
+    type WatchStream = crate::watch::WatchEvents;
+
+    async fn watch(
+        &self,
+        request: Request<WatchRequest>,
+    ) -> Result<Response<Self::WatchStream>, Status> {
+        let caller = caller_of(&request);
+        let identity = (identity_of(&request), relayed_of(&request));
+        self.measured(Op::Watch, caller, identity, self.serve_watch(request))
             .await
     }
 

@@ -24,16 +24,18 @@ pub enum Op {
     Release,
     Get,
     Proclaim,
+    Watch,
 }
 
 impl Op {
-    pub const ALL: [Op; 6] = [
+    pub const ALL: [Op; 7] = [
         Op::Acquire,
         Op::Renew,
         Op::RenewBatch,
         Op::Release,
         Op::Get,
         Op::Proclaim,
+        Op::Watch,
     ];
 
     pub fn label(self) -> &'static str {
@@ -44,6 +46,7 @@ impl Op {
             Op::Release => "release",
             Op::Get => "get",
             Op::Proclaim => "proclaim",
+            Op::Watch => "watch",
         }
     }
 }

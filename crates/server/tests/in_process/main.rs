@@ -20,3 +20,4 @@ mod sharding;
 mod transport;
 mod upgrades;
 mod values;
+mod watch;
