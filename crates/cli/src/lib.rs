@@ -134,6 +134,14 @@ enum Command {
     /// lock is lost, release when it exits.
     #[command(after_help = lock::LOCK_EXIT_CODES_HELP)]
     Lock(lock::LockArgs),
+    /// Run a command as the elected leader: campaign on NAME (wait in its
+    /// FIFO queue for as long as it takes; --wait-ms is not used), publish
+    /// --value (e.g. this instance's address) while leading, then run the
+    /// command as `lock` does: $FENCELOCK_TOKEN for its writes, stopped if
+    /// leadership is lost, resigned when it exits. `fencelock get NAME`
+    /// shows the leader, `fencelock watch NAME` follows it.
+    #[command(after_help = lock::LOCK_EXIT_CODES_HELP)]
+    Elect(lock::LockArgs),
     /// Operator commands: inspect and change placement (nodes, shards,
     /// leaders, replicas, slots). Any node answers.
     #[command(after_help = EXIT_CODES_HELP)]
@@ -299,6 +307,7 @@ pub async fn run(cli: Cli) -> u8 {
         Command::Renew(args) => client::renew(args).await,
         Command::Release(args) => client::release(args).await,
         Command::Get(args) => client::get(args).await,
+        Command::Elect(args) => lock::elect(args).await,
         Command::Watch(args) => client::watch(args).await,
         Command::Lock(args) => lock::run(args).await,
         Command::Admin(args) => admin::run(args).await,

@@ -141,6 +141,16 @@ enum Ending {
 }
 
 pub async fn run(args: LockArgs) -> u8 {
+    run_with(args, false).await
+}
+
+/// `fencelock elect`: campaign (wait in the queue for as long as it takes)
+/// instead of one acquire, then as `lock`.
+pub async fn elect(args: LockArgs) -> u8 {
+    run_with(args, true).await
+}
+
+async fn run_with(args: LockArgs, campaign: bool) -> u8 {
     if args.verbose {
         init_verbose_logging();
     }
@@ -183,13 +193,25 @@ pub async fn run(args: LockArgs) -> u8 {
         }
     };
     let ttl_ms = args.ttl_ms.unwrap_or(0);
+    let value = args.value.clone().unwrap_or_default().into_bytes();
+    let take = async {
+        if campaign {
+            client
+                .election(args.resource.as_str())
+                .campaign(value, ttl_ms)
+                .await
+        } else {
+            let options = fencelock_client::AcquireOptions {
+                lease_ttl_ms: ttl_ms,
+                wait_timeout_ms: args.wait_ms,
+                value,
+                ..Default::default()
+            };
+            client.acquire_with(&args.resource, options).await
+        }
+    };
     let acquired = tokio::select! {
-        result = client.acquire_with(&args.resource, fencelock_client::AcquireOptions {
-            lease_ttl_ms: ttl_ms,
-            wait_timeout_ms: args.wait_ms,
-            value: args.value.clone().unwrap_or_default().into_bytes(),
-            ..Default::default()
-        }) => result,
+        result = take => result,
         signal = signals.recv() => {
             eprintln!("fencelock: {signal} while acquiring {}; gave up", args.resource);
             return SIGNAL_EXIT_BASE + signal_number(signal) as u8;

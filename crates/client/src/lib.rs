@@ -67,6 +67,7 @@
 
 mod client;
 mod config;
+mod election;
 mod error;
 mod keeper;
 mod lease;
@@ -80,6 +81,7 @@ pub use config::{
     DEFAULT_STOP_BY_MARGIN_PERCENT, MAX_CALL_TIMEOUT_MS, MAX_ENDPOINTS, MAX_RENEW_BATCH,
     MAX_STOP_BY_MARGIN_PERCENT, MAX_WAIT_TIMEOUT_MS,
 };
+pub use election::{Election, Leader};
 pub use error::{ClientError, LostReason};
 pub use lease::{LeaseStatus, LockGuard};
 pub use retry::MAX_IMMEDIATE_RETRIES;

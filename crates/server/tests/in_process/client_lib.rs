@@ -440,3 +440,77 @@ async fn a_held_lease_survives_the_crash_of_its_shard_leader() {
     assert_eq!(g.fencing_token, guard.token());
     assert!(guard.release().await.unwrap());
 }
+
+/// The election helper: candidates lead one at a time in campaign order,
+/// each publishing its address; `leader` and `observe` show who leads with
+/// the token its writes carry; a resign hands over to the next candidate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn candidates_lead_one_at_a_time_and_observers_see_each_leader_with_its_token() {
+    use fencelock_api::v1::WatchEventKind;
+    let cluster = Cluster::start(3, |_| {}).await;
+    cluster.wait_for_leaders(Duration::from_secs(20)).await;
+    let client = client_for(&cluster).await;
+    let election = client.election("acme/election/db-primary");
+    // Values wait for the cluster format (a round or two of the controller).
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let first = loop {
+        match election.campaign("10.0.0.1:5432", 5_000).await {
+            Ok(guard) => break guard,
+            Err(e) if e.reason() == Some(Reason::FeatureNotEnabled) => {
+                assert!(Instant::now() < deadline, "values never turned on");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(e) => panic!("campaign: {e}"),
+        }
+    };
+    let leader = election.leader().await.unwrap().expect("someone leads");
+    assert_eq!(leader.value, b"10.0.0.1:5432");
+    assert_eq!(leader.fencing_token, first.token());
+
+    let mut observed = election.observe(None).await.unwrap();
+    let state = observed.message().await.unwrap().unwrap();
+    assert_eq!(state.kind, WatchEventKind::State as i32);
+    assert_eq!(state.fencing_token, first.token());
+
+    // A second candidate waits in the queue until the first resigns.
+    let second_election = election.clone();
+    let second =
+        tokio::spawn(async move { second_election.campaign("10.0.0.2:5432", 5_000).await });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!second.is_finished(), "the second candidate waits");
+    assert!(first.release().await.unwrap(), "the first resigns");
+    let second = second.await.unwrap().expect("the second leads");
+    assert!(second.token() > leader.fencing_token);
+    let mut seen = Vec::new();
+    while seen.len() < 2 {
+        let event = tokio::time::timeout(Duration::from_secs(10), observed.message())
+            .await
+            .expect("an event")
+            .unwrap()
+            .unwrap();
+        seen.push((event.kind, event.fencing_token, event.value));
+    }
+    assert_eq!(seen[0].0, WatchEventKind::Released as i32);
+    assert_eq!(seen[0].1, leader.fencing_token);
+    assert_eq!(
+        seen[1],
+        (
+            WatchEventKind::Granted as i32,
+            second.token(),
+            b"10.0.0.2:5432".to_vec()
+        )
+    );
+    let now = election.leader().await.unwrap().unwrap();
+    assert_eq!(now.value, b"10.0.0.2:5432");
+    // Proclaim: a new address, the same term.
+    assert_eq!(
+        second.proclaim(b"10.0.0.2:6432").await.unwrap(),
+        second.token()
+    );
+    assert_eq!(
+        election.leader().await.unwrap().unwrap().value,
+        b"10.0.0.2:6432"
+    );
+    assert!(second.release().await.unwrap());
+    assert_eq!(election.leader().await.unwrap(), None);
+}
