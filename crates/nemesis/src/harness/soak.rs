@@ -16,16 +16,19 @@ use tokio::time::Instant;
 use super::background::{Background, BackgroundConfig, BackgroundReport};
 use super::cluster::{Cluster, NodePids};
 use super::run::{self, Load, RunConfig, RunError, RunResult};
-use crate::growth::{assess, Growth, Sample};
+use crate::growth::{assess, Growth, Resource, Sample};
 use crate::schedule;
 
 /// Defaults of `make soak`.
 pub const DEFAULT_FAULT_EVERY_S: u64 = 180;
 pub const DEFAULT_SAMPLE_EVERY_S: u64 = 30;
-/// The warm-up left out of the growth fits: caches, memtables and the
-/// first snapshots fill during it. At most this, and at most a sixth of
-/// the run.
-pub const MAX_WARMUP_S: u64 = 600;
+/// The warm-up left out of the growth fits, counted from each node
+/// process's start (a restarted node warms up again): caches, memtables,
+/// the dedup table and the first snapshots fill during it. The 1-hour soak
+/// of 2026-12-04 saw a node's memory climb for 25-35 minutes and then stay
+/// level (docs/testing.md, "Soak"). At most this, and at most half the
+/// run.
+pub const MAX_WARMUP_S: u64 = 1_800;
 /// How long the background's leases in flight get to end after its stop.
 const BACKGROUND_GRACE_MS: u64 = 40_000;
 
@@ -51,7 +54,7 @@ impl SoakConfig {
             run: RunConfig::new(seed, duration, fencelock_bin, nemesis_bin),
             fault_every: Duration::from_secs(DEFAULT_FAULT_EVERY_S),
             sample_every: Duration::from_secs(DEFAULT_SAMPLE_EVERY_S),
-            warmup: Duration::from_secs(MAX_WARMUP_S).min(duration / 6),
+            warmup: Duration::from_secs(MAX_WARMUP_S).min(duration / 2),
             background: BackgroundConfig::default(),
         }
     }
@@ -82,7 +85,16 @@ pub struct SoakResult {
 
 impl SoakResult {
     pub fn passed(&self) -> bool {
-        self.run.passed() && self.growth.iter().all(Growth::flat)
+        self.run.passed() && self.growth.iter().all(Growth::flat) && self.memory_judged()
+    }
+
+    /// Whether some node's memory was watched long enough past its
+    /// warm-up to judge: a soak whose every process restarted too
+    /// recently proves nothing (not a pass).
+    pub fn memory_judged(&self) -> bool {
+        self.growth
+            .iter()
+            .any(|g| g.resource == Resource::Memory && g.per_hour.is_some())
     }
 }
 
@@ -156,7 +168,7 @@ pub async fn soak(cfg: &SoakConfig) -> Result<SoakResult, RunError> {
 pub fn print_result(cfg: &SoakConfig, result: &SoakResult) {
     run::print_result(&cfg.run, &result.run);
     println!(
-        "=== soak: {:.1} min under load, {} samples, warm-up {} s left out ===",
+        "=== soak: {:.1} min under load, {} samples, warm-up {} s of each process left out ===",
         result.loaded_for.as_secs_f64() / 60.0,
         result.samples.len(),
         cfg.warmup.as_secs()
@@ -164,6 +176,12 @@ pub fn print_result(cfg: &SoakConfig, result: &SoakResult) {
     print!("{}", result.background);
     for g in &result.growth {
         println!("{g}");
+    }
+    if !result.memory_judged() {
+        println!(
+            "no node process lived past its warm-up long enough to judge its memory: \
+             run longer (SOAK_SECS) or with faults further apart"
+        );
     }
     if result.passed() {
         println!("soak: PASS");
@@ -313,10 +331,11 @@ mod tests {
     }
 
     #[test]
-    fn the_warm_up_is_at_most_a_sixth_of_the_run() {
+    fn the_warm_up_is_at_most_half_the_run() {
         let cfg =
             |secs| SoakConfig::new(1, Duration::from_secs(secs), "f".into(), "n".into()).warmup;
-        assert_eq!(cfg(3_600), Duration::from_secs(MAX_WARMUP_S));
-        assert_eq!(cfg(600), Duration::from_secs(100));
+        assert_eq!(cfg(7_200), Duration::from_secs(MAX_WARMUP_S));
+        assert_eq!(cfg(3_600), Duration::from_secs(1_800));
+        assert_eq!(cfg(600), Duration::from_secs(300));
     }
 }
