@@ -109,6 +109,9 @@ pub enum RunError {
     History(#[from] HistoryError),
     #[error("bad run configuration: {0}")]
     Config(String),
+    /// A rolling upgrade turned a feature on too early or never.
+    #[error("upgrade: {0}")]
+    Upgrade(String),
 }
 
 pub struct RunResult {
@@ -182,7 +185,24 @@ pub async fn rolling_upgrade(
     let mut load = Load::start(cfg, &cluster).await?;
     let gap = Duration::from_millis(UPGRADE_GAP_MS);
     tokio::time::sleep(gap).await;
-    for id in cluster.ids.clone() {
+    let ids = cluster.ids.clone();
+    for (i, &id) in ids.iter().enumerate() {
+        // Mixed: an upgraded node must refuse a value while a member of
+        // the previous release could meet it in the log.
+        if i + 1 == ids.len() && i > 0 {
+            let upgraded = cluster.endpoint(ids[0]);
+            match values_probe(&upgraded, Duration::from_secs(10), false).await {
+                Probe::Refused => eprintln!(
+                    "nemesis: upgrade: values refused while node {id} runs the previous release"
+                ),
+                other => {
+                    return Err(RunError::Upgrade(format!(
+                        "an acquire with a value was {other:?} while node {id} still ran the \
+                         previous release"
+                    )))
+                }
+            }
+        }
         let ended = cluster
             .upgrade(
                 id,
@@ -199,8 +219,92 @@ pub async fn rolling_upgrade(
             .await?;
         tokio::time::sleep(gap).await;
     }
+    // Every member upgraded: the controller turns values on by itself.
+    match values_probe(&cluster.endpoint(ids[0]), Duration::from_secs(60), true).await {
+        Probe::Granted => eprintln!("nemesis: upgrade: values on once every node was upgraded"),
+        other => {
+            return Err(RunError::Upgrade(format!(
+                "values stayed off after every node was upgraded ({other:?})"
+            )))
+        }
+    }
     let crashes = inject(&mut cluster, &mut load, &[], None).await?;
     load.finish(cfg, cluster, dir, temporary, crashes).await
+}
+
+/// What an acquire carrying a value got from an upgraded node.
+#[derive(Debug)]
+enum Probe {
+    /// Granted, and `Get` returned the value.
+    Granted,
+    /// FEATURE_NOT_ENABLED.
+    Refused,
+    /// Anything else until the deadline (the last one).
+    Other(String),
+}
+
+/// Acquires (and releases) a probe resource with a value at `endpoint`,
+/// retrying transient failures until `within`; the first definite answer,
+/// or, with `until_granted`, the first grant (the controller raises the
+/// cluster format within a round or two of seeing every member).
+async fn values_probe(endpoint: &str, within: Duration, until_granted: bool) -> Probe {
+    use fencelock_api::v1::lock_service_client::LockServiceClient;
+    use fencelock_api::v1::{AcquireRequest, ErrorDetail, GetRequest, Reason, ReleaseRequest};
+    let deadline = tokio::time::Instant::now() + within;
+    let resource = "upgrade/values-probe".to_owned();
+    let mut last = String::from("no attempt");
+    while tokio::time::Instant::now() < deadline {
+        let attempt = async {
+            let mut client = LockServiceClient::connect(endpoint.to_owned())
+                .await
+                .map_err(|e| e.to_string())?;
+            let request = AcquireRequest {
+                resource: resource.clone(),
+                request_id: crate::clock::monotonic_ns().to_be_bytes().to_vec(),
+                lease_ttl_ms: 5_000,
+                wait_timeout_ms: 0,
+                value: b"probe".to_vec(),
+            };
+            match client.acquire(request).await {
+                Ok(granted) => {
+                    let granted = granted.into_inner();
+                    let read = client
+                        .get(GetRequest {
+                            resource: resource.clone(),
+                        })
+                        .await
+                        .map_err(|s| s.to_string())?
+                        .into_inner();
+                    let _ = client
+                        .release(ReleaseRequest {
+                            resource: resource.clone(),
+                            lease_id: granted.lease_id,
+                        })
+                        .await;
+                    if read.value == b"probe" {
+                        Ok(Probe::Granted)
+                    } else {
+                        Ok(Probe::Other(format!(
+                            "granted, but Get read {:?}",
+                            read.value
+                        )))
+                    }
+                }
+                Err(status) => match ErrorDetail::from_status(&status).map(|d| d.reason()) {
+                    Some(Reason::FeatureNotEnabled) => Ok(Probe::Refused),
+                    _ => Err(status.to_string()),
+                },
+            }
+        };
+        match attempt.await {
+            Ok(Probe::Refused) if until_granted => last = "refused (FEATURE_NOT_ENABLED)".into(),
+            Ok(probe @ (Probe::Granted | Probe::Refused)) => return probe,
+            Ok(Probe::Other(why)) => return Probe::Other(why),
+            Err(why) => last = why,
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    Probe::Other(last)
 }
 
 /// Runs `steps` against the loaded cluster, then (once `until`, if given,
