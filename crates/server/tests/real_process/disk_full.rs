@@ -187,3 +187,160 @@ async fn a_node_whose_disk_runs_low_refuses_new_acquires_keeps_its_locks_and_rec
     assert!(log.contains("disk is low"), "{log}");
     assert!(log.contains("has room again"), "{log}");
 }
+
+/// The reserve off (`edge.min_free_disk_bytes = 0`) and the disk filled to
+/// the last byte: the node's next write fails (ENOSPC) and it stops, never
+/// answering a request it could not persist (fail-stop, like a failed
+/// fsync). Once space returns it starts from its data with every lock it
+/// granted, and grants above them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_whose_disk_fills_to_the_last_byte_stops_and_restarts_with_every_lock() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    std::fs::create_dir(&data).unwrap();
+    let mounted = Command::new("mount")
+        .args(["-t", "tmpfs", "-o"])
+        .arg(format!("size={},mode=0700", 96 * MIB))
+        .arg("tmpfs")
+        .arg(&data)
+        .status()
+        .unwrap();
+    assert!(
+        mounted.success(),
+        "mounting a tmpfs for the data directory needs root ({mounted})"
+    );
+    let port = common::free_port();
+    let config = dir.path().join("node.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "node_id = 1\nlisten_addr = \"127.0.0.1:{port}\"\ndata_dir = \"data/node\"\n\
+             peers = [{{ id = 1, addr = \"127.0.0.1:{port}\" }}]\n\
+             shard_count = 1\nreplication_factor = 1\n\n[tls]\ninsecure = true\n"
+        ),
+    )
+    .unwrap();
+    let start = |log: &str| {
+        Command::new(common::fencelock_bin())
+            .args(["serve", "--config"])
+            .arg(&config)
+            .env("FENCELOCK_EDGE_MIN_FREE_DISK_BYTES", "0")
+            .env(
+                "FENCELOCK_ADMIN_LISTEN_ADDR",
+                format!("127.0.0.1:{}", common::free_port()),
+            )
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(dir.path().join(log)).unwrap())
+            .spawn()
+            .unwrap()
+    };
+    let stderr = dir.path().join("first.log");
+    let mut node = NodeOnTmpfs {
+        child: start("first.log"),
+        data: data.clone(),
+    };
+    let endpoint = format!("http://127.0.0.1:{port}");
+    let mut client = connect(&endpoint, &stderr).await;
+    let held = acquire_until(&mut client, "acme/held", "h1", |r| r.is_ok())
+        .await
+        .expect("a lock is granted while the disk has room");
+
+    // Fill the disk to the last byte.
+    let filler = data.join("filler");
+    {
+        let mut f = std::fs::File::create(&filler).unwrap();
+        let chunk = vec![0x5au8; MIB as usize];
+        while f.write_all(&chunk).is_ok() {}
+        let mut byte = [0x5au8; 1];
+        while f.write_all(&byte).is_ok() {
+            byte[0] ^= 1;
+        }
+    }
+    // Acquire, with 4 KiB values to use up what RocksDB preallocated for
+    // its log, until the node stops; every grant answered must survive.
+    let granted = std::sync::Arc::new(std::sync::Mutex::new(vec![(
+        String::from("acme/held"),
+        held.fencing_token,
+    )]));
+    let writers: Vec<_> = (0..8)
+        .map(|w| {
+            let mut client = client.clone();
+            let granted = granted.clone();
+            tokio::spawn(async move {
+                for i in 0.. {
+                    let resource = format!("acme/full-{w}-{i}");
+                    let mut req = common::acquire_req(&resource, &format!("f{w}-{i}"), 600_000, 0);
+                    req.value = vec![b'v'; 4096];
+                    match tokio::time::timeout(Duration::from_secs(2), client.acquire(req)).await {
+                        Ok(Ok(answer)) => {
+                            let token = answer.into_inner().fencing_token;
+                            granted.lock().unwrap().push((resource, token));
+                        }
+                        // Values not on yet, or the node is gone.
+                        Ok(Err(_)) | Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+                    }
+                }
+            })
+        })
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let status = loop {
+        if let Some(status) = node.child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the node kept running on a full disk ({} grants):\n{}",
+            granted.lock().unwrap().len(),
+            std::fs::read_to_string(&stderr).unwrap_or_default()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    for w in writers {
+        w.abort();
+    }
+    let granted = granted.lock().unwrap().clone();
+    assert!(!status.success(), "{status}");
+    let log = std::fs::read_to_string(&stderr).unwrap();
+    assert!(log.contains("No space left on device"), "{log}");
+    println!(
+        "stopped ({status}) after {} grants; its last words: {}",
+        granted.len(),
+        log.lines()
+            .rev()
+            .find(|l| l.contains("No space"))
+            .unwrap_or("")
+    );
+
+    // Space returns; the node starts from its data with every lock.
+    std::fs::remove_file(&filler).unwrap();
+    node.child = start("second.log");
+    let mut client = connect(&endpoint, &dir.path().join("second.log")).await;
+    for (resource, token) in &granted {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let got = loop {
+            match client
+                .get(GetRequest {
+                    resource: resource.clone(),
+                })
+                .await
+            {
+                Ok(got) => break got.into_inner(),
+                Err(e) => {
+                    assert!(Instant::now() < deadline, "{resource}: {e}");
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+            }
+        };
+        assert!(
+            got.held,
+            "{resource} granted before the disk filled is lost"
+        );
+        assert_eq!(got.fencing_token, *token, "{resource}");
+    }
+    let max = granted.iter().map(|g| g.1).max().unwrap();
+    let next = acquire_until(&mut client, "acme/after", "a1", |r| r.is_ok())
+        .await
+        .expect("the node grants again");
+    assert!(next.fencing_token > max, "{next:?} not above {max}");
+}
