@@ -118,6 +118,30 @@ impl Cluster {
         }
     }
 
+    /// Waits until every running node's map carries a cluster format of at
+    /// least `format` (the controller raises it within a round or two of
+    /// seeing every member read it; docs/operations.md "The cluster
+    /// format").
+    pub async fn wait_for_cluster_format(&self, format: u32, within: Duration) {
+        let deadline = Instant::now() + within;
+        loop {
+            let lowest = self
+                .nodes
+                .values()
+                .map(|n| n.router().map().map_or(0, |m| m.cluster_format()))
+                .min()
+                .unwrap_or(0);
+            if lowest >= format {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the cluster format stayed at {lowest}, below {format}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     /// The node that leads `shard_id`, if any running node says so.
     pub fn leader_of(&self, shard_id: u64) -> Option<u64> {
         self.nodes

@@ -452,17 +452,13 @@ async fn candidates_lead_one_at_a_time_and_observers_see_each_leader_with_its_to
     let client = client_for(&cluster).await;
     let election = client.election("acme/election/db-primary");
     // Values wait for the cluster format (a round or two of the controller).
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let first = loop {
-        match election.campaign("10.0.0.1:5432", 5_000).await {
-            Ok(guard) => break guard,
-            Err(e) if e.reason() == Some(Reason::FeatureNotEnabled) => {
-                assert!(Instant::now() < deadline, "values never turned on");
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            }
-            Err(e) => panic!("campaign: {e}"),
-        }
-    };
+    cluster
+        .wait_for_cluster_format(fencelock_placement::VALUES_FORMAT, Duration::from_secs(20))
+        .await;
+    let first = election
+        .campaign("10.0.0.1:5432", 5_000)
+        .await
+        .expect("campaign");
     let leader = election.leader().await.unwrap().expect("someone leads");
     assert_eq!(leader.value, b"10.0.0.1:5432");
     assert_eq!(leader.fencing_token, first.token());

@@ -6,7 +6,7 @@
 
 use crate::common;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::calls::{acquire, acquire_req, get, release, with_leader};
 use common::Cluster;
@@ -30,30 +30,12 @@ async fn proclaim(
     .await
 }
 
-/// Waits until node 1's map carries a cluster format of at least `format`
-/// (the controller raises it within a round or two of seeing every member).
-async fn wait_for_cluster_format(cluster: &Cluster, format: u32) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let now = cluster.nodes[&1]
-            .router()
-            .map()
-            .map_or(0, |m| m.cluster_format());
-        if now >= format {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the cluster format stayed at {now}, below {format}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_holder_publishes_a_value_that_get_returns_and_only_the_holder_replaces() {
     let cluster = Cluster::start(3, |_| {}).await;
-    wait_for_cluster_format(&cluster, fencelock_placement::VALUES_FORMAT).await;
+    cluster
+        .wait_for_cluster_format(fencelock_placement::VALUES_FORMAT, Duration::from_secs(20))
+        .await;
     let leader = "acme/election/primary";
 
     let mut req = acquire_req(leader, "campaign-1", 10_000, 0);
@@ -172,7 +154,9 @@ async fn values_are_refused_until_every_member_reads_them_and_old_clients_never_
     cluster.configs.get_mut(&3).unwrap().max_placement_format =
         fencelock_placement::PLACEMENT_FORMAT;
     cluster.restart(3).await;
-    wait_for_cluster_format(&cluster, fencelock_placement::VALUES_FORMAT).await;
+    cluster
+        .wait_for_cluster_format(fencelock_placement::VALUES_FORMAT, Duration::from_secs(20))
+        .await;
     let held = acquire(&cluster, 1, req).await.expect("values are on");
     assert_eq!(
         get(&cluster, 3, "acme/with-value").await.unwrap().value,

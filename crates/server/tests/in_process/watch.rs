@@ -56,24 +56,13 @@ fn key(r: &Option<Revision>) -> (u64, u64, u32) {
     (r.epoch, r.index, r.seq)
 }
 
-async fn wait_for_values(cluster: &Cluster) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while cluster.nodes[&1]
-        .router()
-        .map()
-        .map_or(0, |m| m.cluster_format())
-        < fencelock_placement::VALUES_FORMAT
-    {
-        assert!(Instant::now() < deadline, "values never turned on");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_watcher_sees_every_change_in_order_and_resumes_on_another_node_without_repeats() {
     let cluster = Cluster::start(3, |_| {}).await;
     cluster.wait_for_leaders(Duration::from_secs(20)).await;
-    wait_for_values(&cluster).await;
+    cluster
+        .wait_for_cluster_format(fencelock_placement::VALUES_FORMAT, Duration::from_secs(20))
+        .await;
 
     let mut first = watch(&cluster, 2, None).await;
     let state = next(&mut first).await;
