@@ -89,7 +89,9 @@ pub enum WatchItem {
         view: Option<LockView>,
         gap: bool,
     },
-    Change(WatchEvent),
+    /// Shared with the log and every other watcher of the resource: a
+    /// change (and its value, up to 4 KiB) is not copied per watcher.
+    Change(Arc<WatchEvent>),
 }
 
 /// Why the store stopped feeding a watcher (its stream then ends with it).
@@ -268,8 +270,7 @@ impl WatchHub {
         let Some(watchers) = self.watchers.get_mut(&event.resource) else {
             return;
         };
-        watchers
-            .retain(|w| w.after >= event.revision || w.offer(WatchItem::Change((**event).clone())));
+        watchers.retain(|w| w.after >= event.revision || w.offer(WatchItem::Change(event.clone())));
         if watchers.is_empty() {
             self.watchers.remove(&event.resource);
         }
@@ -321,7 +322,7 @@ impl WatchHub {
                 .log
                 .iter()
                 .filter(|e| e.resource == *resource && e.revision > after)
-                .all(|e| watcher.offer(WatchItem::Change((**e).clone()))),
+                .all(|e| watcher.offer(WatchItem::Change(e.clone()))),
             Some(_) => watcher.offer(state(true)),
         };
         if fed {

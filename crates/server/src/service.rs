@@ -880,11 +880,7 @@ impl LockServiceImpl {
         let resource = resource(&req.resource)?;
         self.authorize(&resource, Access::Read)?;
         let shard_id = self.router.shard_of(&resource).map_err(ServerError::from)?;
-        let after = req.after.map(|r| fencelock_multiraft::watch::Revision {
-            epoch: r.epoch,
-            index: r.index,
-            seq: r.seq,
-        });
+        let after = req.after.map(crate::watch::revision_from_wire);
         let (tx, rx) = oneshot::channel();
         self.send(StoreMsg::Watch {
             shard_id,

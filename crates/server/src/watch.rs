@@ -84,6 +84,15 @@ fn revision(r: watch::Revision) -> Option<Revision> {
     })
 }
 
+/// A `WatchRequest.after` as the store's revision.
+pub fn revision_from_wire(r: Revision) -> watch::Revision {
+    watch::Revision {
+        epoch: r.epoch,
+        index: r.index,
+        seq: r.seq,
+    }
+}
+
 /// One store item as a wire event.
 pub fn to_wire(item: WatchItem, shard_id: u64) -> WatchEvent {
     match item {
@@ -109,7 +118,7 @@ pub fn to_wire(item: WatchItem, shard_id: u64) -> WatchEvent {
                 shard_id,
                 ..WatchEvent::default()
             };
-            match event.change {
+            match &event.change {
                 Change::Granted {
                     token,
                     expires_at_ms,
@@ -119,7 +128,7 @@ pub fn to_wire(item: WatchItem, shard_id: u64) -> WatchEvent {
                     held: true,
                     fencing_token: token.as_i64(),
                     value: value.as_bytes().to_vec(),
-                    expires_at_ms,
+                    expires_at_ms: *expires_at_ms,
                     ..base
                 },
                 Change::ValueChanged { token, value } => WatchEvent {
@@ -130,7 +139,7 @@ pub fn to_wire(item: WatchItem, shard_id: u64) -> WatchEvent {
                     ..base
                 },
                 Change::Ended { token, ended } => WatchEvent {
-                    kind: match ended {
+                    kind: match *ended {
                         LeaseEnd::Released => WatchEventKind::Released,
                         LeaseEnd::Expired => WatchEventKind::Expired,
                         LeaseEnd::Cancelled => WatchEventKind::Cancelled,
