@@ -41,6 +41,41 @@ impl Drop for NodeOnTmpfs {
     }
 }
 
+/// A tmpfs of `bytes` mounted at `dir/data` (needs root).
+fn mount_tmpfs(dir: &Path, bytes: u64) -> PathBuf {
+    let data = dir.join("data");
+    std::fs::create_dir(&data).unwrap();
+    let mounted = Command::new("mount")
+        .args(["-t", "tmpfs", "-o"])
+        .arg(format!("size={bytes},mode=0700"))
+        .arg("tmpfs")
+        .arg(&data)
+        .status()
+        .unwrap();
+    assert!(
+        mounted.success(),
+        "mounting a tmpfs for the data directory needs root ({mounted})"
+    );
+    data
+}
+
+/// A one-node, one-shard cluster's config in `dir`, its data directory on
+/// the tmpfs at `dir/data`; and its port.
+fn single_node_on(dir: &Path) -> (PathBuf, u16) {
+    let port = common::free_port();
+    let config = dir.join("node.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "node_id = 1\nlisten_addr = \"127.0.0.1:{port}\"\ndata_dir = \"data/node\"\n\
+             peers = [{{ id = 1, addr = \"127.0.0.1:{port}\" }}]\n\
+             shard_count = 1\nreplication_factor = 1\n\n[tls]\ninsecure = true\n"
+        ),
+    )
+    .unwrap();
+    (config, port)
+}
+
 fn free_bytes(path: &Path) -> u64 {
     use std::os::unix::ffi::OsStrExt;
     let c_path = std::ffi::CString::new(path.as_os_str().as_bytes()).unwrap();
@@ -101,30 +136,8 @@ async fn acquire_until(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_whose_disk_runs_low_refuses_new_acquires_keeps_its_locks_and_recovers() {
     let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("data");
-    std::fs::create_dir(&data).unwrap();
-    let mounted = Command::new("mount")
-        .args(["-t", "tmpfs", "-o"])
-        .arg(format!("size={DISK_BYTES},mode=0700"))
-        .arg("tmpfs")
-        .arg(&data)
-        .status()
-        .unwrap();
-    assert!(
-        mounted.success(),
-        "mounting a tmpfs for the data directory needs root ({mounted})"
-    );
-    let port = common::free_port();
-    let config = dir.path().join("node.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "node_id = 1\nlisten_addr = \"127.0.0.1:{port}\"\ndata_dir = \"data/node\"\n\
-             peers = [{{ id = 1, addr = \"127.0.0.1:{port}\" }}]\n\
-             shard_count = 1\nreplication_factor = 1\n\n[tls]\ninsecure = true\n"
-        ),
-    )
-    .unwrap();
+    let data = mount_tmpfs(dir.path(), DISK_BYTES);
+    let (config, port) = single_node_on(dir.path());
     let stderr = dir.path().join("stderr.log");
     let child = Command::new(common::fencelock_bin())
         .args(["serve", "--config"])
@@ -196,30 +209,8 @@ async fn a_node_whose_disk_runs_low_refuses_new_acquires_keeps_its_locks_and_rec
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_whose_disk_fills_to_the_last_byte_stops_and_restarts_with_every_lock() {
     let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("data");
-    std::fs::create_dir(&data).unwrap();
-    let mounted = Command::new("mount")
-        .args(["-t", "tmpfs", "-o"])
-        .arg(format!("size={},mode=0700", 96 * MIB))
-        .arg("tmpfs")
-        .arg(&data)
-        .status()
-        .unwrap();
-    assert!(
-        mounted.success(),
-        "mounting a tmpfs for the data directory needs root ({mounted})"
-    );
-    let port = common::free_port();
-    let config = dir.path().join("node.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "node_id = 1\nlisten_addr = \"127.0.0.1:{port}\"\ndata_dir = \"data/node\"\n\
-             peers = [{{ id = 1, addr = \"127.0.0.1:{port}\" }}]\n\
-             shard_count = 1\nreplication_factor = 1\n\n[tls]\ninsecure = true\n"
-        ),
-    )
-    .unwrap();
+    let data = mount_tmpfs(dir.path(), 96 * MIB);
+    let (config, port) = single_node_on(dir.path());
     let start = |log: &str| {
         Command::new(common::fencelock_bin())
             .args(["serve", "--config"])
