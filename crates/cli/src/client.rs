@@ -139,22 +139,6 @@ fn revision_text(revision: &Option<Revision>) -> String {
     })
 }
 
-/// Reasons a watch ends with that a new watch from the last revision
-/// resolves (lock.proto `Watch`).
-fn watch_resumes(error: &ClientError) -> bool {
-    let status = status_of(error);
-    match ErrorDetail::from_status(&status) {
-        Some(detail) => matches!(
-            detail.reason(),
-            Reason::ServerBusy | Reason::EpochNotMatch | Reason::ShuttingDown
-        ),
-        None => matches!(
-            status.code(),
-            Code::Unavailable | Code::Unknown | Code::Internal
-        ),
-    }
-}
-
 pub async fn watch(args: WatchArgs) -> u8 {
     let client = match client_for(&args.opts).await {
         Ok(client) => client,
@@ -185,10 +169,10 @@ pub async fn watch(args: WatchArgs) -> u8 {
                         "the node ended the watch",
                     )))
                 }
-                Err(status) => break client_error_of(status),
+                Err(status) => break ClientError::from_status(status),
             }
         };
-        if !watch_resumes(&ended) {
+        if !ended.resumes_watch() {
             return report_client_error(&args.opts, &ended, context()).await;
         }
         if args.opts.verbose {
@@ -198,13 +182,6 @@ pub async fn watch(args: WatchArgs) -> u8 {
                 revision_text(&after)
             );
         }
-    }
-}
-
-fn client_error_of(status: tonic::Status) -> ClientError {
-    match ErrorDetail::from_status(&status) {
-        Some(detail) => ClientError::Rejected(Box::new(detail)),
-        None => ClientError::Grpc(Box::new(status)),
     }
 }
 

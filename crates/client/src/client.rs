@@ -554,10 +554,7 @@ impl Inner {
                 .as_ref()
                 .is_some_and(|d| final_reasons.contains(&d.reason()));
             if failure.advice == Advice::Fail || is_final {
-                return Err(match failure.detail {
-                    Some(detail) => ClientError::Rejected(Box::new(detail)),
-                    None => ClientError::Grpc(Box::new(status)),
-                });
+                return Err(ClientError::from_status(status));
             }
             let failed_shard = failure
                 .detail

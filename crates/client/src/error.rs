@@ -84,6 +84,34 @@ impl ClientError {
     pub fn outcome_unknown(&self) -> bool {
         matches!(self, ClientError::Unavailable { .. })
     }
+
+    /// The error a server's status stands for: its detail when it sent
+    /// one, else the bare status (a transport failure).
+    pub fn from_status(status: tonic::Status) -> ClientError {
+        match ErrorDetail::from_status(&status) {
+            Some(detail) => ClientError::Rejected(Box::new(detail)),
+            None => ClientError::Grpc(Box::new(status)),
+        }
+    }
+
+    /// True when a watch ([`Client::watch`](crate::Client::watch)) that
+    /// ended with this error is resumed by watching again with the last
+    /// revision received (lock.proto `Watch`): the watcher fell behind, the
+    /// resource moved, the replica stopped serving it, or the connection
+    /// broke.
+    pub fn resumes_watch(&self) -> bool {
+        match self {
+            ClientError::Rejected(detail) => matches!(
+                detail.reason(),
+                Reason::ServerBusy | Reason::EpochNotMatch | Reason::ShuttingDown
+            ),
+            ClientError::Grpc(status) => matches!(
+                status.code(),
+                tonic::Code::Unavailable | tonic::Code::Unknown | tonic::Code::Internal
+            ),
+            _ => false,
+        }
+    }
 }
 
 /// Why a [`LockGuard`](crate::LockGuard) no longer protects anything. Every
@@ -110,5 +138,31 @@ impl std::fmt::Display for LostReason {
             LostReason::Unconfirmed => "no renewal was confirmed before the stop-by deadline",
             LostReason::Released => "the lease was released by this client",
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ended(reason: Reason) -> ClientError {
+        ClientError::from_status(ErrorDetail::new(reason, "ended").to_status())
+    }
+
+    #[test]
+    fn a_watch_resumes_after_falling_behind_a_move_a_stop_or_a_broken_connection_only() {
+        for reason in [
+            Reason::ServerBusy,
+            Reason::EpochNotMatch,
+            Reason::ShuttingDown,
+        ] {
+            assert!(ended(reason).resumes_watch(), "{reason:?}");
+        }
+        for reason in [Reason::PermissionDenied, Reason::InvalidResource] {
+            assert!(!ended(reason).resumes_watch(), "{reason:?}");
+        }
+        let broken = ClientError::from_status(tonic::Status::unavailable("h2 error"));
+        assert!(matches!(broken, ClientError::Grpc(_)));
+        assert!(broken.resumes_watch());
     }
 }
