@@ -42,6 +42,7 @@ pub fn invalid_argument_reason(field: &str) -> Reason {
         "wait_timeout_ms" => Reason::WaitTimeoutOutOfRange,
         "items" => Reason::BatchTooLarge,
         "value" => Reason::ValueTooLarge,
+        "permits" => Reason::InvalidPermits,
         _ => Reason::InvalidAdminRequest,
     }
 }
@@ -103,6 +104,8 @@ pub fn lock_reason(error: &LockError) -> Reason {
         E::InvalidOwner { .. } => Reason::Internal,
         E::ValueTooLarge { .. } => Reason::ValueTooLarge,
         E::ValuesFull { .. } => Reason::ValuesFull,
+        E::ModeMismatch { .. } => Reason::ModeMismatch,
+        E::InvalidPermits { .. } => Reason::InvalidPermits,
     }
 }
 
@@ -191,6 +194,23 @@ pub fn lock_detail(error: &LockError, base: ErrorDetail) -> ErrorDetail {
         },
         E::ValuesFull { limit_bytes } => ErrorDetail {
             max_allowed: limit_bytes,
+            ..base
+        },
+        E::ModeMismatch { permits: 0 } => ErrorDetail {
+            field: field("mode"),
+            ..base
+        },
+        // The one count this semaphore takes.
+        E::ModeMismatch { permits } => ErrorDetail {
+            field: field("permits"),
+            min_allowed: permits.into(),
+            max_allowed: permits.into(),
+            ..base
+        },
+        E::InvalidPermits { max, .. } => ErrorDetail {
+            field: field("permits"),
+            min_allowed: 1,
+            max_allowed: max.into(),
             ..base
         },
         E::LeaseNotHeld

@@ -91,6 +91,7 @@ fn policy(reason: Reason) -> (WireCode, RetryPolicy) {
         | R::RequestIdReused
         | R::InvalidAdminRequest
         | R::ValueTooLarge
+        | R::InvalidPermits
         | R::MalformedRequest => (Code::InvalidArgument, P::Never),
 
         R::LockHeld | R::WaitTimedOut => (Code::Aborted, P::Backoff),
@@ -112,7 +113,7 @@ fn policy(reason: Reason) -> (WireCode, RetryPolicy) {
             (Code::FailedPrecondition, P::Never)
         }
 
-        R::FeatureNotEnabled => (Code::FailedPrecondition, P::Never),
+        R::FeatureNotEnabled | R::ModeMismatch => (Code::FailedPrecondition, P::Never),
 
         R::WaitCancelled => (Code::Cancelled, P::Never),
 

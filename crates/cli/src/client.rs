@@ -69,6 +69,8 @@ pub struct AcquireArgs {
     #[arg(long, value_name = "TEXT")]
     value: Option<String>,
     #[command(flatten)]
+    mode: crate::ModeArgs,
+    #[command(flatten)]
     opts: ClientOpts,
 }
 
@@ -264,6 +266,7 @@ pub async fn acquire(args: AcquireArgs) -> u8 {
         wait_timeout_ms: args.wait_ms,
         request_id: Some(request_id),
         value: args.value.clone().unwrap_or_default().into_bytes(),
+        mode: args.mode.mode(),
     };
     let response = match client.acquire_unguarded(&args.resource, options).await {
         Ok((response, _)) => response,
@@ -387,8 +390,27 @@ pub async fn get(args: GetArgs) -> u8 {
                 .with("last_token", response.last_token)
                 .with("shard_id", response.shard_id)
                 .with("epoch", response.epoch)
-                .with("value", printable_value(&response.value).as_str());
-            let headline = if response.held {
+                .with("value", printable_value(&response.value).as_str())
+                .with("mode", mode_name(response.mode()))
+                .with("permits", response.permits);
+            // Every holding of a shared lock or a semaphore, oldest first.
+            let object = if response.holders.len() > 1 {
+                let holders: Vec<Object> = (response.holders.iter())
+                    .map(|h| {
+                        Object::new()
+                            .with("fencing_token", h.fencing_token)
+                            .with("expires_at_ms", h.expires_at_ms)
+                            .with("value", printable_value(&h.value).as_str())
+                    })
+                    .collect();
+                object.with("holders", holders)
+            } else {
+                object
+            };
+            let headline = if response.holders.len() > 1 {
+                let n = response.holders.len();
+                format!("{} is held by {n} holders", args.resource)
+            } else if response.held {
                 format!("{} is held", args.resource)
             } else {
                 format!("{} is free", args.resource)
@@ -400,6 +422,16 @@ pub async fn get(args: GetArgs) -> u8 {
             let context = Object::new().with("resource", args.resource.as_str());
             report_client_error(&args.opts, &error, context).await
         }
+    }
+}
+
+/// A mode's name as `get` prints it.
+fn mode_name(mode: fencelock_client::proto::AcquireMode) -> &'static str {
+    use fencelock_client::proto::AcquireMode as Wire;
+    match mode {
+        Wire::Exclusive => "exclusive",
+        Wire::Shared => "shared",
+        Wire::Semaphore => "semaphore",
     }
 }
 

@@ -223,6 +223,33 @@ pub struct ClientOpts {
     tls: TlsArgs,
 }
 
+/// How an acquire holds its resource (docs/fencing.md, "Shared locks and
+/// semaphores"). Neither flag: exclusive.
+#[derive(Clone, Copy, Debug, Default, Args)]
+pub struct ModeArgs {
+    /// Hold the lock shared: beside other shared holders, never beside an
+    /// exclusive one. Waiting follows the queue: a writer that came first
+    /// is served first.
+    #[arg(long, conflicts_with = "semaphore")]
+    shared: bool,
+    /// Hold one of the resource's N permits (a semaphore of N holders,
+    /// 1..=1024; every acquire of it must name the same N).
+    #[arg(long, value_name = "N",
+          value_parser = clap::value_parser!(u32).range(1..=1024))]
+    semaphore: Option<u32>,
+}
+
+impl ModeArgs {
+    /// The mode the flags ask for.
+    pub fn mode(&self) -> fencelock_client::AcquireMode {
+        match (self.shared, self.semaphore) {
+            (_, Some(permits)) => fencelock_client::AcquireMode::Semaphore(permits),
+            (true, None) => fencelock_client::AcquireMode::Shared,
+            (false, None) => fencelock_client::AcquireMode::Exclusive,
+        }
+    }
+}
+
 /// Mutual TLS for the client commands (docs/security.md). All three files,
 /// or none (plaintext, for a cluster in insecure dev mode).
 #[derive(Clone, Debug, Default, Args)]

@@ -96,6 +96,8 @@ pub struct LockArgs {
     /// (FEATURE_NOT_ENABLED) while a member runs a build without values.
     #[arg(long, value_name = "TEXT")]
     value: Option<String>,
+    #[command(flatten)]
+    mode: super::ModeArgs,
     /// Nodes of the cluster, comma-separated (any of them; the client finds
     /// each shard's leader). Default: $FENCELOCK_ENDPOINTS, else
     /// $FENCELOCK_ENDPOINT, else http://127.0.0.1:7001.
@@ -205,6 +207,7 @@ async fn run_with(args: LockArgs, campaign: bool) -> u8 {
                 lease_ttl_ms: ttl_ms,
                 wait_timeout_ms: args.wait_ms,
                 value,
+                mode: args.mode.mode(),
                 ..Default::default()
             };
             client.acquire_with(&args.resource, options).await

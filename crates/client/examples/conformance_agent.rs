@@ -222,6 +222,7 @@ impl Agent {
                             wait_timeout_ms: u64_arg(&m, "wait_ms"),
                             request_id,
                             value: Vec::new(),
+                            ..Default::default()
                         },
                     )
                     .await

@@ -111,6 +111,40 @@ pub struct AcquireOptions {
     /// Refused with FEATURE_NOT_ENABLED while a member of the cluster runs
     /// a build that predates values.
     pub value: Vec<u8>,
+    /// Exclusive (the default), shared, or one of a semaphore's permits
+    /// ([`AcquireMode`]).
+    pub mode: AcquireMode,
+}
+
+/// How an acquire holds its resource (docs/fencing.md, "Shared locks and
+/// semaphores"). Grants follow the queue in order whatever the mode, so a
+/// waiting exclusive acquire is never overtaken by later shared ones. A
+/// resource is a lock (exclusive and shared acquires) or a semaphore of one
+/// permit count until it is free again; another kind is refused with
+/// `MODE_MISMATCH`. Shared and semaphore acquires are refused with
+/// FEATURE_NOT_ENABLED while a member of the cluster runs a build that
+/// predates them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum AcquireMode {
+    /// The only holder.
+    #[default]
+    Exclusive,
+    /// One of any number of shared holders, never beside an exclusive one.
+    Shared,
+    /// One of at most this many holders (1..=1024).
+    Semaphore(u32),
+}
+
+impl AcquireMode {
+    /// The wire fields (`AcquireRequest.mode`, `permits`).
+    pub fn to_wire(self) -> (crate::proto::AcquireMode, u32) {
+        use crate::proto::AcquireMode as Wire;
+        match self {
+            AcquireMode::Exclusive => (Wire::Exclusive, 0),
+            AcquireMode::Shared => (Wire::Shared, 0),
+            AcquireMode::Semaphore(permits) => (Wire::Semaphore, permits),
+        }
+    }
 }
 
 /// Counters of a client's activity, for metrics and tests.
@@ -625,6 +659,8 @@ impl Inner {
             lease_ttl_ms: options.lease_ttl_ms,
             wait_timeout_ms: options.wait_timeout_ms,
             value: options.value.clone(),
+            mode: options.mode.to_wire().0 as i32,
+            permits: options.mode.to_wire().1,
         };
         let result = self
             .call(

@@ -363,6 +363,7 @@ async fn an_explicit_request_id_gets_the_original_lease_back() {
         wait_timeout_ms: 0,
         request_id: Some(id.clone()),
         value: Vec::new(),
+        ..Default::default()
     };
     let first = client
         .acquire_with("acme/x", options.clone())
@@ -818,6 +819,7 @@ async fn a_wait_cancelled_by_the_server_starts_over_with_a_new_request_id() {
                 wait_timeout_ms: 1_000,
                 request_id: Some(RequestId::from_bytes(b"mine".to_vec()).unwrap()),
                 value: Vec::new(),
+                ..Default::default()
             },
         )
         .await

@@ -167,6 +167,19 @@ fn lease(i: u8) -> LeaseId {
 
 /// The holder value numbered `i`: none for most, a short one, and one at
 /// the size limit.
+/// The acquire mode of request `i` (of `REQUEST_IDS`): half exclusive,
+/// then shared, a semaphore of 2 (so kinds clash on one resource), and a
+/// permit count out of range.
+fn mode_of(i: usize) -> fencelock_statemachine::AcquireMode {
+    use fencelock_statemachine::AcquireMode;
+    match i % 8 {
+        0..=3 => AcquireMode::Exclusive,
+        4 | 5 => AcquireMode::Shared,
+        6 => AcquireMode::Semaphore { permits: 2 },
+        _ => AcquireMode::Semaphore { permits: 0 },
+    }
+}
+
 fn value_of(i: usize) -> fencelock_statemachine::HolderValue {
     let bytes = match i % 4 {
         0 | 1 => Vec::new(),
@@ -195,6 +208,7 @@ impl Op {
                 lease_ttl_ms: ttl_ms,
                 wait_timeout_ms: wait_ms,
                 value: value_of(request),
+                mode: mode_of(request),
             },
             Op::Proclaim {
                 resource: r,

@@ -53,6 +53,7 @@ pub fn commands() -> Vec<Command> {
             lease_ttl_ms: 10_000,
             wait_timeout_ms: 5_000,
             value: fencelock_statemachine::HolderValue::none(),
+            mode: fencelock_statemachine::AcquireMode::Exclusive,
         },
         Command::Renew {
             resource: name("acme/a"),
@@ -135,6 +136,7 @@ pub fn busy_table() -> LockTable {
                 lease_ttl_ms: 10_000,
                 wait_timeout_ms: 60_000,
                 value: fencelock_statemachine::HolderValue::none(),
+                mode: fencelock_statemachine::AcquireMode::Exclusive,
             },
             &ctx(index),
         );
@@ -343,6 +345,7 @@ pub fn api_requests() -> Seeds {
             lease_ttl_ms: 30_000,
             wait_timeout_ms: 5_000,
             value: Vec::new(),
+            ..Default::default()
         }
         .encode_to_vec(),
         RenewRequest {

@@ -107,6 +107,12 @@ pub(crate) fn apply_entries(
                 epoch: entry_epoch.unwrap_or_else(|| peer.table.epoch()),
                 now_ms,
             };
+            #[cfg(feature = "simulation")]
+            let bumped = obs
+                .extra_permit
+                .then(|| crate::sim::one_permit_more(command));
+            #[cfg(feature = "simulation")]
+            let command = bumped.as_ref().unwrap_or(command);
             let outcome = peer.table.apply(command, &ctx);
             // This leader's own `LeaderChanged` (it is ready from here on)
             // or an import: waiters nobody here waits for may have arrived.

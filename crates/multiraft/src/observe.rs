@@ -30,6 +30,9 @@ pub(crate) struct ApplyObs<'a> {
     pub clock: &'a dyn super::Clock,
     /// When this pass learned its entries were committed.
     pub committed_at: Instant,
+    /// The simulation's deliberate bug `SimFault::ExtraPermit` is armed.
+    #[cfg(feature = "simulation")]
+    pub extra_permit: bool,
 }
 
 /// Where a command applied.

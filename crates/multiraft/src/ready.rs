@@ -162,6 +162,8 @@ impl Store {
                 audit: &self.obs.audit,
                 clock: self.time.as_ref(),
                 committed_at,
+                #[cfg(feature = "simulation")]
+                extra_permit: self.sim_fault == Some(crate::SimFault::ExtraPermit),
             };
             if let Some(snap) = snapshot {
                 fail::fail_point!("store::snapshot_install", |_| std::process::abort());

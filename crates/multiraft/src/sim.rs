@@ -3,6 +3,8 @@
 //! safety mechanism of the store so the test can show that the history
 //! checkers catch what it lets through.
 
+use fencelock_statemachine::{AcquireMode, Command};
+
 use super::Store;
 
 /// One deliberate bug.
@@ -17,6 +19,23 @@ pub enum SimFault {
     /// votes) before its synced write instead of after it: a leader may
     /// count a copy a crash can still lose.
     AckBeforePersist,
+    /// Every replica applies a semaphore's acquire as if the semaphore had
+    /// one permit more than its acquires name: one holder too many at once.
+    ExtraPermit,
+}
+
+/// `command`, a semaphore acquire of N permits applied as one of N + 1
+/// (`SimFault::ExtraPermit`); any other command as it is.
+pub(crate) fn one_permit_more(command: &Command) -> Command {
+    let mut command = command.clone();
+    if let Command::Acquire {
+        mode: AcquireMode::Semaphore { permits },
+        ..
+    } = &mut command
+    {
+        *permits += 1;
+    }
+    command
 }
 
 impl Store {

@@ -78,6 +78,8 @@ fn a_gap_between_the_applied_index_and_the_next_committed_entry_stops_the_store(
         audit: &store.obs.audit,
         clock: store.time.as_ref(),
         committed_at: Instant::now(),
+        #[cfg(feature = "simulation")]
+        extra_permit: false,
     };
     let panic = catch_unwind(AssertUnwindSafe(|| {
         crate::apply::apply_entries(peer, vec![gap], &mut batch, &mut obs)

@@ -63,11 +63,51 @@ pub enum Change {
         token: FencingToken,
         value: HolderValue,
     },
-    /// The lease ended (released, expired or cancelled).
+    /// The lease ended (released, expired or cancelled); `held`: another
+    /// holding (of a shared lock or a semaphore) still holds after it.
     Ended {
         token: FencingToken,
         ended: LeaseEnd,
+        held: bool,
     },
+}
+
+/// The value of `resource`'s holding that `which` picks, in `table` (the
+/// state after the entry); empty when it no longer holds (granted and
+/// ended by one entry).
+fn holder_value(
+    table: &LockTable,
+    resource: &ResourceName,
+    which: impl Fn(&fencelock_statemachine::HolderView) -> bool,
+) -> HolderValue {
+    (table.view(resource).into_iter())
+        .flat_map(|v| v.holders)
+        .find(|h| which(h))
+        .map(|h| h.value)
+        .unwrap_or_default()
+}
+
+/// Whether each event's resource is held right after that event. `table`
+/// is the state after all of them, so the holding counts are walked back
+/// from there: a grant added one, an end took one away.
+fn held_after_each(table: &LockTable, events: &[Event]) -> Vec<bool> {
+    let mut holders: HashMap<&ResourceName, usize> = HashMap::new();
+    let mut held = vec![false; events.len()];
+    for (i, event) in events.iter().enumerate().rev() {
+        let (resource, delta): (&ResourceName, isize) = match event {
+            Event::Granted { resource, .. } => (resource, 1),
+            Event::LeaseEnded { resource, .. } => (resource, -1),
+            _ => continue,
+        };
+        let count = holders
+            .entry(resource)
+            .or_insert_with(|| table.view(resource).map_or(0, |v| v.holders.len()));
+        held[i] = *count > 0;
+        let before = count.checked_add_signed(-delta);
+        debug_assert!(before.is_some(), "{resource}: an event for no holding");
+        *count = before.unwrap_or(0);
+    }
+    held
 }
 
 /// One change of one resource.
@@ -200,7 +240,8 @@ impl WatchHub {
     /// Records the changes `events` made (applied at `index`, the table
     /// now after them) and hands them to the resources' watchers.
     pub(crate) fn on_events(&mut self, table: &LockTable, index: u64, events: &[Event]) {
-        for event in events {
+        let held_after = held_after_each(table, events);
+        for (event, held_after) in events.iter().zip(held_after) {
             let (resource, change) = match event {
                 Event::Granted {
                     resource,
@@ -211,11 +252,7 @@ impl WatchHub {
                 } => {
                     // The holder after this command; its value is the
                     // grant's (a waiter's own, kept since it queued).
-                    let value = table
-                        .view(resource)
-                        .filter(|v| v.lease_id == *lease_id)
-                        .map(|v| v.value)
-                        .unwrap_or_default();
+                    let value = holder_value(table, resource, |h| h.lease_id == *lease_id);
                     let change = Change::Granted {
                         token: *token,
                         expires_at_ms: *expires_at_ms,
@@ -226,7 +263,7 @@ impl WatchHub {
                 Event::ValueChanged {
                     resource, token, ..
                 } => {
-                    let value = table.view(resource).map(|v| v.value).unwrap_or_default();
+                    let value = holder_value(table, resource, |h| h.token == *token);
                     let change = Change::ValueChanged {
                         token: *token,
                         value,
@@ -243,6 +280,7 @@ impl WatchHub {
                     Change::Ended {
                         token: *token,
                         ended: *ended,
+                        held: held_after,
                     },
                 ),
                 Event::WaitEnded { .. } | Event::WaitMoved { .. } => continue,
@@ -367,7 +405,9 @@ fn event_bytes(event: &WatchEvent) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use fencelock_statemachine::{ApplyContext, Command, LeaseId, Limits, Owner, RequestId};
+    use fencelock_statemachine::{
+        AcquireMode, ApplyContext, Command, LeaseId, Limits, Owner, RequestId,
+    };
 
     struct Shard {
         table: LockTable,
@@ -402,6 +442,10 @@ mod tests {
         }
 
         fn acquire(&mut self, res: &str, lease: u8, value: &[u8]) {
+            self.acquire_in(res, lease, value, AcquireMode::Exclusive);
+        }
+
+        fn acquire_in(&mut self, res: &str, lease: u8, value: &[u8], mode: AcquireMode) {
             self.apply(Command::Acquire {
                 resource: name(res),
                 owner: Owner::anonymous(),
@@ -410,6 +454,7 @@ mod tests {
                 lease_ttl_ms: 10_000,
                 wait_timeout_ms: 10_000,
                 value: HolderValue::new(value.to_vec()).unwrap(),
+                mode,
             });
         }
 
@@ -442,6 +487,35 @@ mod tests {
                 WatchItem::State { .. } => None,
             })
             .collect()
+    }
+
+    #[test]
+    fn shared_holders_each_show_their_own_grant_value_and_end_and_held_counts_the_others() {
+        let mut s = Shard::new();
+        let mut w = s.hub.subscribe(&s.table, &name("acme/t"), None, 0).unwrap();
+        s.acquire_in("acme/t", 1, b"reader-1", AcquireMode::Shared);
+        s.acquire_in("acme/t", 2, b"reader-2", AcquireMode::Shared);
+        s.acquire_in("acme/t", 3, b"writer", AcquireMode::Exclusive); // queues
+        s.release("acme/t", 1);
+        s.release("acme/t", 2); // ends 2, grants 3 in one entry
+        let got = changes(&drain(&mut w));
+        let shown: Vec<(&str, &[u8], bool)> = (got.iter())
+            .map(|(_, c)| match c {
+                Change::Granted { value, .. } => ("granted", value.as_bytes(), true),
+                Change::ValueChanged { value, .. } => ("value", value.as_bytes(), true),
+                Change::Ended { held, .. } => ("ended", &b""[..], *held),
+            })
+            .collect();
+        assert_eq!(
+            shown,
+            [
+                ("granted", &b"reader-1"[..], true),
+                ("granted", &b"reader-2"[..], true),
+                ("ended", &b""[..], true),
+                ("ended", &b""[..], false),
+                ("granted", &b"writer"[..], true),
+            ]
+        );
     }
 
     #[test]

@@ -93,6 +93,7 @@ fn add_second_holder(h: &History) -> Option<History> {
             request_id: "mutant".into(),
             ttl_ms: 3_000,
             wait_ms: 0,
+            mode: Default::default(),
         },
         invoke_ns: mid - 1_000,
         complete_ns: mid,

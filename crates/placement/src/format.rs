@@ -18,6 +18,7 @@
 //! | 2 | `SetNodeState { state: Down }` (the controller's own mark), `SetSchedulerPaused`, `RaiseEpochFloor` |
 //! | 3 | a data shard's `ImportSlots` carrying the source's lease clock (not a placement command: the orchestrator sends it only when every replica of the importing shard reads it, else the older form) |
 //! | 4 | `RaiseClusterFormat` and the map's `cluster_format` (snapshot version 3); on data shards, holder values (`Acquire` with a value, `Proclaim`; snapshot version 5, export version 4), accepted only once the map's `cluster_format` is 4 or more |
+//! | 5 | on data shards, shared locks and semaphores (`Acquire` with a mode; lock snapshot version 6, export version 5), accepted only once the map's `cluster_format` is 5 or more; no new placement command |
 //!
 //! The map's `cluster_format` is the format the controller saw every
 //! member read (`RaiseClusterFormat`, raised by itself each round it sees
@@ -34,12 +35,15 @@ use crate::types::{NodeState, PlacementCommand};
 /// reads.
 pub const FIRST_PLACEMENT_FORMAT: u32 = 1;
 /// The newest placement format this build reads and writes.
-pub const PLACEMENT_FORMAT: u32 = 4;
+pub const PLACEMENT_FORMAT: u32 = 5;
 /// The format that reads an `ImportSlots` with the source's lease clock.
 pub const IMPORT_AT_CLOCK_FORMAT: u32 = 3;
 /// The format that reads holder values on data shards and the map's
 /// cluster format.
 pub const VALUES_FORMAT: u32 = 4;
+/// The format that reads acquire modes (shared locks, semaphores) on data
+/// shards.
+pub const MODES_FORMAT: u32 = 5;
 
 impl PlacementCommand {
     /// The placement format a node needs to read this command.

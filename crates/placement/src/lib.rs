@@ -47,7 +47,9 @@ pub mod view;
 
 pub use codec::DecodeError;
 pub use error::PlacementError;
-pub use format::{FIRST_PLACEMENT_FORMAT, IMPORT_AT_CLOCK_FORMAT, PLACEMENT_FORMAT, VALUES_FORMAT};
+pub use format::{
+    FIRST_PLACEMENT_FORMAT, IMPORT_AT_CLOCK_FORMAT, MODES_FORMAT, PLACEMENT_FORMAT, VALUES_FORMAT,
+};
 pub use limits::*;
 pub use map::PlacementMap;
 pub use planner::{

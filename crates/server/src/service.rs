@@ -21,14 +21,14 @@ use fencelock_api::v1::lock_service_client::LockServiceClient;
 use fencelock_api::v1::lock_service_server::LockService;
 use fencelock_api::v1::ErrorDetail;
 use fencelock_api::v1::{
-    renew_result, AcquireRequest, AcquireResponse, GetRequest, GetResponse, LeaseState,
+    renew_result, AcquireRequest, AcquireResponse, GetRequest, GetResponse, Holding, LeaseState,
     ProclaimRequest, ProclaimResponse, ReleaseRequest, ReleaseResponse, RenewBatchRequest,
     RenewBatchResponse, RenewRequest, RenewResponse, RenewResult, WatchRequest,
 };
 use fencelock_statemachine::limits::MAX_RENEW_BATCH;
 use fencelock_statemachine::{
-    AcquireStatus, Command, HolderValue, LeaseEnd, LeaseId, LockError, RenewItem, Renewed, Reply,
-    RequestId, ResourceName,
+    AcquireMode, AcquireStatus, Command, HolderValue, LeaseEnd, LeaseId, LockError, RenewItem,
+    Renewed, Reply, RequestId, ResourceName,
 };
 use tokio::sync::oneshot;
 use tonic::transport::Channel;
@@ -45,7 +45,7 @@ use crate::security::{identity_of, relayed_of, Identity};
 use crate::store::{Caller, Responder, ShardStatus, StoreMsg, StoreSender};
 use crate::validate::{lease_id, resource};
 use fencelock_api::headers::IDENTITY_HEADER;
-use fencelock_placement::VALUES_FORMAT;
+use fencelock_placement::{MODES_FORMAT, VALUES_FORMAT};
 
 pub use fencelock_api::headers::{CALLER_HEADER, FORWARDED_HEADER};
 /// Nodes one request may be forwarded through: the node the map names,
@@ -402,17 +402,24 @@ impl LockServiceImpl {
     async fn acquire_local(
         &self,
         shard_id: u64,
-        resource: ResourceName,
-        request_id: RequestId,
-        lease_ttl_ms: u64,
-        wait_timeout_ms: u64,
-        value: HolderValue,
+        wanted: Wanted,
     ) -> Result<AcquireResponse, ServerError> {
+        let Wanted {
+            resource,
+            request_id,
+            lease_ttl_ms,
+            wait_timeout_ms,
+            value,
+            mode,
+        } = wanted;
         // This node proposes (it leads the shard, or its store answers
         // NOT_LEADER): its own disk takes the new state.
         self.disk.check_acquire()?;
         if !value.is_empty() {
             self.check_cluster_format(VALUES_FORMAT, "holder values")?;
+        }
+        if mode != AcquireMode::Exclusive {
+            self.check_cluster_format(MODES_FORMAT, "shared locks and semaphores")?;
         }
         let (tx, rx) = oneshot::channel();
         self.send(StoreMsg::Propose {
@@ -425,6 +432,7 @@ impl LockServiceImpl {
                 lease_ttl_ms,
                 wait_timeout_ms,
                 value,
+                mode,
             },
             responder: Responder::Acquire { resource, tx },
             caller: current_caller(),
@@ -507,10 +515,21 @@ impl LockServiceImpl {
                 fencing_token: v.token.as_i64(),
                 expires_at_ms: self.wall_time(shard_id, v.expires_at_ms),
                 queue_length: v.queue_len,
-                last_token: v.token.as_i64(),
+                // The newest grant's (holders rise in token order).
+                last_token: v.holders.last().map_or(v.token, |h| h.token).as_i64(),
                 shard_id,
                 epoch: read.epoch,
                 value: v.value.as_bytes().to_vec(),
+                mode: wire_mode(v.mode) as i32,
+                permits: v.mode.permits(),
+                holders: (v.holders.iter())
+                    .map(|h| Holding {
+                        fencing_token: h.token.as_i64(),
+                        expires_at_ms: self.wall_time(shard_id, h.expires_at_ms),
+                        value: h.value.as_bytes().to_vec(),
+                        mode: wire_mode(h.mode) as i32,
+                    })
+                    .collect(),
             },
             None => GetResponse {
                 shard_id,
@@ -642,6 +661,54 @@ fn may_forward<T>(request: &Request<T>) -> bool {
     !request.metadata().contains_key(FORWARDED_HEADER)
 }
 
+/// An acquire as the edge checked it, before the shard's leader makes it a
+/// command (with a fresh lease id and the caller's owner).
+struct Wanted {
+    resource: ResourceName,
+    request_id: RequestId,
+    lease_ttl_ms: u64,
+    wait_timeout_ms: u64,
+    value: HolderValue,
+    mode: AcquireMode,
+}
+
+/// The acquire's mode from its wire fields, refused at the edge when it
+/// cannot be granted (no log entry for it): an unknown mode, a permit
+/// count out of range, or one given with a lock mode.
+fn acquire_mode(req: &AcquireRequest) -> Result<AcquireMode, ServerError> {
+    use fencelock_api::v1::AcquireMode as Wire;
+    let mode = match Wire::try_from(req.mode) {
+        Ok(Wire::Exclusive) => AcquireMode::Exclusive,
+        Ok(Wire::Shared) => AcquireMode::Shared,
+        Ok(Wire::Semaphore) => AcquireMode::Semaphore {
+            permits: req.permits,
+        },
+        Err(_) => {
+            return Err(ServerError::InvalidArgument {
+                field: "mode",
+                reason: format!("unknown acquire mode {}", req.mode),
+            })
+        }
+    };
+    if req.permits != 0 && !matches!(mode, AcquireMode::Semaphore { .. }) {
+        return Err(ServerError::Lock(LockError::InvalidPermits {
+            permits: req.permits,
+            max: fencelock_statemachine::limits::MAX_HOLDERS_PER_RESOURCE,
+        }));
+    }
+    mode.validate().map_err(ServerError::Lock)?;
+    Ok(mode)
+}
+
+pub(crate) fn wire_mode(mode: AcquireMode) -> fencelock_api::v1::AcquireMode {
+    use fencelock_api::v1::AcquireMode as Wire;
+    match mode {
+        AcquireMode::Exclusive => Wire::Exclusive,
+        AcquireMode::Shared => Wire::Shared,
+        AcquireMode::Semaphore { .. } => Wire::Semaphore,
+    }
+}
+
 fn random_lease_id() -> LeaseId {
     LeaseId(rand::random())
 }
@@ -660,6 +727,7 @@ impl LockServiceImpl {
         self.authorize(&resource, Access::Lock)?;
         let request_id = RequestId::new(req.request_id.clone()).map_err(ServerError::Lock)?;
         let value = HolderValue::new(req.value.clone()).map_err(ServerError::Lock)?;
+        let mode = acquire_mode(&req)?;
         let lease_ttl_ms = if req.lease_ttl_ms == 0 {
             self.default_lease_ttl_ms
         } else {
@@ -669,14 +737,15 @@ impl LockServiceImpl {
             forwarding,
             &resource,
             |shard_id| {
-                self.acquire_local(
-                    shard_id,
-                    resource.clone(),
-                    request_id.clone(),
+                let wanted = Wanted {
+                    resource: resource.clone(),
+                    request_id: request_id.clone(),
                     lease_ttl_ms,
-                    req.wait_timeout_ms,
-                    value.clone(),
-                )
+                    wait_timeout_ms: req.wait_timeout_ms,
+                    value: value.clone(),
+                    mode,
+                };
+                self.acquire_local(shard_id, wanted)
             },
             |mut client| {
                 let req = req.clone();

@@ -4,7 +4,7 @@
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
-use fencelock_api::v1::{ErrorDetail, Reason, Revision, WatchEvent, WatchEventKind};
+use fencelock_api::v1::{ErrorDetail, Holding, Reason, Revision, WatchEvent, WatchEventKind};
 use fencelock_multiraft::watch::{self, Change, WatchEnd, WatchItem, WatchStream};
 use fencelock_statemachine::LeaseEnd;
 use tonic::Status;
@@ -111,6 +111,14 @@ pub fn to_wire(item: WatchItem, shard_id: u64) -> WatchEvent {
             expires_at_ms: view.as_ref().map_or(0, |v| v.expires_at_ms),
             gap,
             shard_id,
+            holders: (view.iter().flat_map(|v| &v.holders))
+                .map(|h| Holding {
+                    fencing_token: h.token.as_i64(),
+                    expires_at_ms: h.expires_at_ms,
+                    value: h.value.as_bytes().to_vec(),
+                    mode: crate::service::wire_mode(h.mode) as i32,
+                })
+                .collect(),
         },
         WatchItem::Change(event) => {
             let base = WatchEvent {
@@ -138,13 +146,13 @@ pub fn to_wire(item: WatchItem, shard_id: u64) -> WatchEvent {
                     value: value.as_bytes().to_vec(),
                     ..base
                 },
-                Change::Ended { token, ended } => WatchEvent {
+                Change::Ended { token, ended, held } => WatchEvent {
                     kind: match *ended {
                         LeaseEnd::Released => WatchEventKind::Released,
                         LeaseEnd::Expired => WatchEventKind::Expired,
                         LeaseEnd::Cancelled => WatchEventKind::Cancelled,
                     } as i32,
-                    held: false,
+                    held: *held,
                     fencing_token: token.as_i64(),
                     ..base
                 },

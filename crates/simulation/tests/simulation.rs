@@ -163,6 +163,24 @@ fn a_new_leader_trusting_its_stepped_wall_clock_is_caught_by_the_checkers() {
     );
 }
 
+/// A semaphore that lets one holder too many in (every replica applies its
+/// acquires as if it had one permit more): the windows checker must see
+/// three holders of a semaphore of two at once.
+#[test]
+fn a_semaphore_granting_one_permit_too_many_is_caught_by_the_windows_checker() {
+    let seed = first_seed_failing(
+        |seed| SimOptions {
+            store_fault: Some(SimFault::ExtraPermit),
+            ..SimOptions::new(seed)
+        },
+        "windows",
+    );
+    assert!(
+        seed.is_some(),
+        "no seed in 1..={BROKEN_SEEDS} caught a semaphore granting one permit too many"
+    );
+}
+
 /// `clock-drift` runs a node's clocks off true time. Within the documented
 /// bound (1%, every seeded run) the clients' stop-by margin covers it;
 /// past it (here 40% fast, beyond the 15% margin the simulated clients

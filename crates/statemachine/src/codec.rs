@@ -8,7 +8,7 @@
 
 use std::collections::VecDeque;
 
-use crate::limits::{Limits, MAX_CLOCK_MS, MAX_STORED_MS};
+use crate::limits::{Limits, MAX_CLOCK_MS, MAX_HOLDERS_PER_RESOURCE, MAX_STORED_MS};
 use crate::machine::{
     DedupEntry, DedupKey, DedupState, Holder, LockTable, PendingExport, Record, Waiter,
     FIRST_ATTEMPT,
@@ -31,12 +31,57 @@ const SNAPSHOT_VERSION: u16 = 4;
 // stays readable by the previous release in a rolling upgrade; one
 // table, one encoding either way.
 const SNAPSHOT_VERSION_WITH_VALUES: u16 = 5;
+// Version 6: version 5 plus acquire modes: every holding of a record (a
+// count, then each) and each holding's and waiter's mode. Written only
+// while some holding or waiter is shared or a semaphore's (the cluster
+// format gates them like values), else version 5 or 4 as before.
+const SNAPSHOT_VERSION_WITH_MODES: u16 = 6;
 const EXPORT_MAGIC: &[u8; 4] = b"FLMX";
 // Version 2: lease owners. Version 3: attempt numbers. Version 4: values
 // (written only when a moved lease has one, like snapshot version 5).
+// Version 5: modes (only when a moved holding or waiter has one other
+// than exclusive, like snapshot version 6).
 const EXPORT_VERSION: u16 = 3;
 const EXPORT_VERSION_WITH_VALUES: u16 = 4;
+const EXPORT_VERSION_WITH_MODES: u16 = 5;
+
+/// What a snapshot's or export's records carry beyond the base version:
+/// the least that holds the table, so a table that uses no newer feature
+/// is written exactly as the previous release writes it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum RecordLevel {
+    Base,
+    Values,
+    Modes,
+}
+
+impl RecordLevel {
+    /// The level `records` need.
+    fn needed<'a>(records: impl Iterator<Item = &'a Record>) -> RecordLevel {
+        let mut level = RecordLevel::Base;
+        for record in records {
+            let modes = record.holders.iter().map(|h| h.mode);
+            if modes
+                .chain(record.waiters.iter().map(|w| w.mode))
+                .any(|m| m != AcquireMode::Exclusive)
+            {
+                return RecordLevel::Modes;
+            }
+            let values = record.holders.iter().map(|h| &h.value);
+            if values
+                .chain(record.waiters.iter().map(|w| &w.value))
+                .any(|v| !v.is_empty())
+            {
+                level = RecordLevel::Values;
+            }
+        }
+        level
+    }
+}
 const RECORD_MIN_BYTES: usize = 4 + 4 + 16 + 4 + 40 + 4 + 4;
+/// One holder of a record in version 6: lease, owner, request id, five
+/// u64s, attempt, value, mode.
+const HOLDER_MIN_BYTES: usize = 16 + 4 + 4 + 40 + 4 + 4 + 1;
 const DEDUP_MIN_BYTES: usize = 4 + 4 + 4 + 16 + 8 + 1;
 const SLOT_WORDS_BYTES: usize = 8 * (SLOT_COUNT as usize / 64);
 // Version 2: Acquire, Renew, RenewBatch and Release carry the owner.
@@ -207,6 +252,43 @@ const CMD_IMPORT_SLOTS_AT_CLOCK: u8 = 12;
 /// it stays readable by the previous release).
 const CMD_ACQUIRE_WITH_VALUE: u8 = 13;
 const CMD_PROCLAIM: u8 = 14;
+/// `Acquire` in a mode other than exclusive: tag 13's fields (the value
+/// possibly empty), then the mode. Exclusive acquires keep tags 1 and 13.
+const CMD_ACQUIRE_WITH_MODE: u8 = 15;
+
+const MODE_EXCLUSIVE: u8 = 0;
+const MODE_SHARED: u8 = 1;
+const MODE_SEMAPHORE: u8 = 2;
+
+fn write_mode(w: &mut Writer, mode: AcquireMode) {
+    match mode {
+        AcquireMode::Exclusive => w.u8(MODE_EXCLUSIVE),
+        AcquireMode::Shared => w.u8(MODE_SHARED),
+        AcquireMode::Semaphore { permits } => {
+            w.u8(MODE_SEMAPHORE);
+            w.u32(permits);
+        }
+    }
+}
+
+/// Reads a mode. A command's permit count is not range-checked here: a
+/// proposed acquire with a count out of range is a well-formed entry that
+/// apply refuses (`InvalidPermits`) on every replica alike, where refusing
+/// to decode it would stop them. A table's modes (`checked`) were granted,
+/// so a count out of range there is damage.
+fn read_mode(r: &mut Reader, checked: bool) -> Result<AcquireMode, DecodeError> {
+    let mode = match r.u8()? {
+        MODE_EXCLUSIVE => AcquireMode::Exclusive,
+        MODE_SHARED => AcquireMode::Shared,
+        MODE_SEMAPHORE => AcquireMode::Semaphore { permits: r.u32()? },
+        tag => return Err(DecodeError::BadTag { what: "mode", tag }),
+    };
+    if checked {
+        mode.validate()
+            .map_err(|e| DecodeError::Invalid(e.to_string()))?;
+    }
+    Ok(mode)
+}
 
 impl Command {
     /// Encodes the command as a Raft entry payload.
@@ -229,20 +311,27 @@ impl Command {
                 lease_ttl_ms,
                 wait_timeout_ms,
                 value,
+                mode,
             } => {
-                w.u8(if value.is_empty() {
-                    CMD_ACQUIRE
-                } else {
+                let tag = if *mode != AcquireMode::Exclusive {
+                    CMD_ACQUIRE_WITH_MODE
+                } else if !value.is_empty() {
                     CMD_ACQUIRE_WITH_VALUE
-                });
+                } else {
+                    CMD_ACQUIRE
+                };
+                w.u8(tag);
                 w.name(resource);
                 w.owner(owner);
                 w.bytes(request_id.as_bytes());
                 w.lease(lease_id);
                 w.u64(*lease_ttl_ms);
                 w.u64(*wait_timeout_ms);
-                if !value.is_empty() {
+                if tag != CMD_ACQUIRE {
                     w.bytes(value.as_bytes());
+                }
+                if tag == CMD_ACQUIRE_WITH_MODE {
+                    write_mode(&mut w, *mode);
                 }
             }
             Command::Proclaim {
@@ -367,27 +456,40 @@ impl Command {
         }
         let tag = r.u8()?;
         let command = match tag {
-            CMD_ACQUIRE | CMD_ACQUIRE_WITH_VALUE => {
-                let command = Command::Acquire {
-                    resource: r.name()?,
-                    owner: r.owner()?,
-                    request_id: r.request_id()?,
-                    lease_id: r.lease()?,
-                    lease_ttl_ms: r.u64()?,
-                    wait_timeout_ms: r.u64()?,
-                    value: if tag == CMD_ACQUIRE_WITH_VALUE {
-                        r.value()?
-                    } else {
-                        HolderValue::none()
-                    },
+            CMD_ACQUIRE | CMD_ACQUIRE_WITH_VALUE | CMD_ACQUIRE_WITH_MODE => {
+                let resource = r.name()?;
+                let owner = r.owner()?;
+                let request_id = r.request_id()?;
+                let lease_id = r.lease()?;
+                let lease_ttl_ms = r.u64()?;
+                let wait_timeout_ms = r.u64()?;
+                let value = if tag == CMD_ACQUIRE {
+                    HolderValue::none()
+                } else {
+                    r.value()?
                 };
-                // One command, one encoding: a value is never empty here.
-                if let Command::Acquire { value, .. } = &command {
-                    if tag == CMD_ACQUIRE_WITH_VALUE && value.is_empty() {
-                        return Err(DecodeError::Invalid("empty value in its own tag".into()));
-                    }
+                let mode = if tag == CMD_ACQUIRE_WITH_MODE {
+                    read_mode(&mut r, false)?
+                } else {
+                    AcquireMode::Exclusive
+                };
+                // One command, one encoding: each tag only for what needs it.
+                if tag == CMD_ACQUIRE_WITH_VALUE && value.is_empty() {
+                    return Err(DecodeError::Invalid("empty value in its own tag".into()));
                 }
-                command
+                if tag == CMD_ACQUIRE_WITH_MODE && mode == AcquireMode::Exclusive {
+                    return Err(DecodeError::Invalid("exclusive mode in its own tag".into()));
+                }
+                Command::Acquire {
+                    resource,
+                    owner,
+                    request_id,
+                    lease_id,
+                    lease_ttl_ms,
+                    wait_timeout_ms,
+                    value,
+                    mode,
+                }
             }
             CMD_PROCLAIM => Command::Proclaim {
                 resource: r.name()?,
@@ -547,11 +649,15 @@ impl LockTable {
     /// Encodes the whole table. Equal tables give equal bytes.
     pub fn snapshot(&self) -> Vec<u8> {
         let mut w = Writer(Vec::with_capacity(64 + self.records.len() * 128));
-        let values = self.value_bytes > 0;
-        let version = if values {
-            SNAPSHOT_VERSION_WITH_VALUES
-        } else {
-            SNAPSHOT_VERSION
+        let level = RecordLevel::needed(self.records.values());
+        debug_assert_eq!(
+            level >= RecordLevel::Values,
+            self.value_bytes > 0 || level == RecordLevel::Modes
+        );
+        let version = match level {
+            RecordLevel::Base => SNAPSHOT_VERSION,
+            RecordLevel::Values => SNAPSHOT_VERSION_WITH_VALUES,
+            RecordLevel::Modes => SNAPSHOT_VERSION_WITH_MODES,
         };
         w.0.extend_from_slice(SNAPSHOT_MAGIC);
         w.0.extend_from_slice(&version.to_be_bytes());
@@ -565,7 +671,7 @@ impl LockTable {
         w.u64(self.clock_ms);
         w.u32(self.records.len() as u32);
         for (name, record) in &self.records {
-            write_record(&mut w, name, record, values);
+            write_record(&mut w, name, record, level);
         }
         w.u32(self.dedup.len() as u32);
         for (key, entry) in &self.dedup {
@@ -595,10 +701,12 @@ impl LockTable {
             return Err(DecodeError::BadMagic);
         }
         let version = u16::from_be_bytes(r.take(2)?.try_into().expect("2 bytes"));
-        if version != SNAPSHOT_VERSION && version != SNAPSHOT_VERSION_WITH_VALUES {
-            return Err(DecodeError::UnsupportedVersion(version.into()));
-        }
-        let values = version == SNAPSHOT_VERSION_WITH_VALUES;
+        let level = match version {
+            SNAPSHOT_VERSION => RecordLevel::Base,
+            SNAPSHOT_VERSION_WITH_VALUES => RecordLevel::Values,
+            SNAPSHOT_VERSION_WITH_MODES => RecordLevel::Modes,
+            _ => return Err(DecodeError::UnsupportedVersion(version.into())),
+        };
         let limits = read_limits(&mut r)?;
         let mut table = LockTable::new(limits).map_err(|e| DecodeError::Invalid(e.to_string()))?;
         table.epoch = r.u64()?;
@@ -610,7 +718,7 @@ impl LockTable {
         table.clock_ms = r.ms(MAX_CLOCK_MS)?;
         let records = r.count(RECORD_MIN_BYTES)?;
         for _ in 0..records {
-            let (name, record) = read_record(&mut r, values)?;
+            let (name, record) = read_record(&mut r, level)?;
             // Key order, as `snapshot` writes them: one table, one encoding.
             if table
                 .records
@@ -662,11 +770,11 @@ impl LockTable {
             }
         }
         r.finish()?;
-        // Canonical: version 5 only ever carries some value.
-        if values && table.value_bytes == 0 {
-            return Err(DecodeError::Invalid(
-                "values version without a value".into(),
-            ));
+        // Canonical: a version only ever carries what needs it.
+        if RecordLevel::needed(table.records.values()) != level {
+            return Err(DecodeError::Invalid(format!(
+                "version {version} for a table that needs another"
+            )));
         }
         table.check_invariants().map_err(DecodeError::Invalid)?;
         Ok(table)
@@ -675,22 +783,34 @@ impl LockTable {
 
 // ----- pieces shared by snapshots and migration exports -----
 
-/// With `values` (snapshot version 5, export version 4) each holder and
-/// waiter ends with its value.
-fn write_record(w: &mut Writer, name: &ResourceName, record: &Record, values: bool) {
-    let h = &record.holder;
+/// With [`RecordLevel::Values`] (snapshot version 5, export version 4)
+/// each holder and waiter ends with its value; with [`RecordLevel::Modes`]
+/// (snapshot 6, export 5) a record lists its holders (a count, then each)
+/// and each holder and waiter ends with its value and mode. Below `Modes`
+/// a record has exactly one holder and everything is exclusive.
+fn write_record(w: &mut Writer, name: &ResourceName, record: &Record, level: RecordLevel) {
     w.name(name);
-    w.lease(&h.lease_id);
-    w.owner(&h.owner);
-    w.bytes(h.request_id.as_bytes());
-    w.u64(h.token.as_u64());
-    w.u64(h.granted_at_ms);
-    w.u64(h.lease_ttl_ms);
-    w.u64(h.stamped_expires_at_ms);
-    w.u64(h.expires_at_ms);
-    w.u32(h.attempt);
-    if values {
-        w.bytes(h.value.as_bytes());
+    if level == RecordLevel::Modes {
+        w.u32(record.holders.len() as u32);
+    } else {
+        assert_eq!(record.holders.len(), 1, "{name}: one holder below modes");
+    }
+    for h in &record.holders {
+        w.lease(&h.lease_id);
+        w.owner(&h.owner);
+        w.bytes(h.request_id.as_bytes());
+        w.u64(h.token.as_u64());
+        w.u64(h.granted_at_ms);
+        w.u64(h.lease_ttl_ms);
+        w.u64(h.stamped_expires_at_ms);
+        w.u64(h.expires_at_ms);
+        w.u32(h.attempt);
+        if level >= RecordLevel::Values {
+            w.bytes(h.value.as_bytes());
+        }
+        if level == RecordLevel::Modes {
+            write_mode(w, h.mode);
+        }
     }
     w.u32(record.waiters.len() as u32);
     for waiter in &record.waiters {
@@ -701,49 +821,91 @@ fn write_record(w: &mut Writer, name: &ResourceName, record: &Record, values: bo
         w.u64(waiter.enqueued_at_ms);
         w.u64(waiter.wait_deadline_ms);
         w.u32(waiter.attempt);
-        if values {
+        if level >= RecordLevel::Values {
             w.bytes(waiter.value.as_bytes());
+        }
+        if level == RecordLevel::Modes {
+            write_mode(w, waiter.mode);
         }
     }
 }
 
-fn read_record(r: &mut Reader, values: bool) -> Result<(ResourceName, Record), DecodeError> {
+fn read_record(r: &mut Reader, level: RecordLevel) -> Result<(ResourceName, Record), DecodeError> {
     let name = r.name()?;
-    let holder = Holder {
-        lease_id: r.lease()?,
-        owner: r.owner()?,
-        request_id: r.request_id()?,
-        token: FencingToken::from_u64(r.u64()?),
-        granted_at_ms: r.ms(MAX_STORED_MS)?,
-        lease_ttl_ms: r.ms(MAX_STORED_MS)?,
-        stamped_expires_at_ms: r.ms(MAX_STORED_MS)?,
-        expires_at_ms: r.ms(MAX_STORED_MS)?,
-        attempt: r.attempt()?,
-        value: if values {
+    let holders = if level == RecordLevel::Modes {
+        r.count(HOLDER_MIN_BYTES)?
+    } else {
+        1
+    };
+    if holders == 0 || holders > MAX_HOLDERS_PER_RESOURCE as usize {
+        return Err(DecodeError::Invalid(format!("{holders} holders of {name}")));
+    }
+    let extras = |r: &mut Reader| -> Result<(HolderValue, AcquireMode), DecodeError> {
+        let value = if level >= RecordLevel::Values {
             r.value()?
         } else {
             HolderValue::none()
-        },
+        };
+        let mode = if level == RecordLevel::Modes {
+            read_mode(r, true)?
+        } else {
+            AcquireMode::Exclusive
+        };
+        Ok((value, mode))
     };
-    let n = r.count(16 + 4 + 4 + 24 + 4)?;
-    let mut waiters = VecDeque::with_capacity(n);
-    for _ in 0..n {
-        waiters.push_back(Waiter {
-            lease_id: r.lease()?,
-            owner: r.owner()?,
-            request_id: r.request_id()?,
-            lease_ttl_ms: r.ms(MAX_STORED_MS)?,
-            enqueued_at_ms: r.ms(MAX_STORED_MS)?,
-            wait_deadline_ms: r.ms(MAX_STORED_MS)?,
-            attempt: r.attempt()?,
-            value: if values {
-                r.value()?
-            } else {
-                HolderValue::none()
-            },
+    let mut record = Record {
+        holders: Vec::with_capacity(holders),
+        waiters: VecDeque::new(),
+    };
+    for _ in 0..holders {
+        let lease_id = r.lease()?;
+        let owner = r.owner()?;
+        let request_id = r.request_id()?;
+        let token = FencingToken::from_u64(r.u64()?);
+        let granted_at_ms = r.ms(MAX_STORED_MS)?;
+        let lease_ttl_ms = r.ms(MAX_STORED_MS)?;
+        let stamped_expires_at_ms = r.ms(MAX_STORED_MS)?;
+        let expires_at_ms = r.ms(MAX_STORED_MS)?;
+        let attempt = r.attempt()?;
+        let (value, mode) = extras(r)?;
+        record.holders.push(Holder {
+            lease_id,
+            owner,
+            request_id,
+            token,
+            granted_at_ms,
+            lease_ttl_ms,
+            stamped_expires_at_ms,
+            expires_at_ms,
+            attempt,
+            value,
+            mode,
         });
     }
-    Ok((name, Record { holder, waiters }))
+    let n = r.count(16 + 4 + 4 + 24 + 4)?;
+    record.waiters.reserve(n);
+    for _ in 0..n {
+        let lease_id = r.lease()?;
+        let owner = r.owner()?;
+        let request_id = r.request_id()?;
+        let lease_ttl_ms = r.ms(MAX_STORED_MS)?;
+        let enqueued_at_ms = r.ms(MAX_STORED_MS)?;
+        let wait_deadline_ms = r.ms(MAX_STORED_MS)?;
+        let attempt = r.attempt()?;
+        let (value, mode) = extras(r)?;
+        record.waiters.push_back(Waiter {
+            lease_id,
+            owner,
+            request_id,
+            lease_ttl_ms,
+            enqueued_at_ms,
+            wait_deadline_ms,
+            attempt,
+            value,
+            mode,
+        });
+    }
+    Ok((name, record))
 }
 
 fn write_dedup(w: &mut Writer, key: &DedupKey, entry: &DedupEntry) {
@@ -832,20 +994,18 @@ pub(crate) struct Export {
 
 pub(crate) fn encode_export(export: &Export) -> Vec<u8> {
     let mut w = Writer(Vec::with_capacity(64 + export.records.len() * 128));
-    let values = export.records.iter().any(|(_, record)| {
-        !record.holder.value.is_empty() || record.waiters.iter().any(|w| !w.value.is_empty())
-    });
-    let version = if values {
-        EXPORT_VERSION_WITH_VALUES
-    } else {
-        EXPORT_VERSION
+    let level = RecordLevel::needed(export.records.iter().map(|(_, r)| r));
+    let version = match level {
+        RecordLevel::Base => EXPORT_VERSION,
+        RecordLevel::Values => EXPORT_VERSION_WITH_VALUES,
+        RecordLevel::Modes => EXPORT_VERSION_WITH_MODES,
     };
     w.0.extend_from_slice(EXPORT_MAGIC);
     w.0.extend_from_slice(&version.to_be_bytes());
     w.u64(export.max_token.as_u64());
     w.u32(export.records.len() as u32);
     for (name, record) in &export.records {
-        write_record(&mut w, name, record, values);
+        write_record(&mut w, name, record, level);
     }
     w.u32(export.dedup.len() as u32);
     for (key, entry) in &export.dedup {
@@ -860,15 +1020,17 @@ pub(crate) fn decode_export(bytes: &[u8]) -> Result<Export, DecodeError> {
         return Err(DecodeError::BadMagic);
     }
     let version = u16::from_be_bytes(r.take(2)?.try_into().expect("2 bytes"));
-    if version != EXPORT_VERSION && version != EXPORT_VERSION_WITH_VALUES {
-        return Err(DecodeError::UnsupportedVersion(version.into()));
-    }
-    let values = version == EXPORT_VERSION_WITH_VALUES;
+    let level = match version {
+        EXPORT_VERSION => RecordLevel::Base,
+        EXPORT_VERSION_WITH_VALUES => RecordLevel::Values,
+        EXPORT_VERSION_WITH_MODES => RecordLevel::Modes,
+        _ => return Err(DecodeError::UnsupportedVersion(version.into())),
+    };
     let max_token = FencingToken::from_u64(r.u64()?);
     let n = r.count(RECORD_MIN_BYTES)?;
     let mut records = Vec::with_capacity(n);
     for _ in 0..n {
-        records.push(read_record(&mut r, values)?);
+        records.push(read_record(&mut r, level)?);
     }
     let n = r.count(DEDUP_MIN_BYTES)?;
     let mut dedup = Vec::with_capacity(n);

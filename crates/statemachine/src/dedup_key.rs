@@ -126,6 +126,7 @@ mod tests {
                 lease_ttl_ms: 10_000,
                 wait_timeout_ms: 0,
                 value: crate::HolderValue::none(),
+                mode: crate::AcquireMode::Exclusive,
             },
         );
         apply(

@@ -99,6 +99,13 @@ pub enum LockError {
     /// The shard keeps as many value bytes as it may
     /// (`MAX_VALUE_BYTES_PER_SHARD`); acquires without a value go on.
     ValuesFull { limit_bytes: u64 },
+    /// The resource is in use in another kind: a semaphore with another
+    /// permit count, or a lock (exclusive or shared) asked for as a
+    /// semaphore, or the reverse. `permits` is the count in force (0: a
+    /// lock). Fixed while the resource has holders or waiters.
+    ModeMismatch { permits: u32 },
+    /// A semaphore's permit count is 0 or above the maximum.
+    InvalidPermits { permits: u32, max: u32 },
 }
 
 impl LockError {
@@ -118,7 +125,9 @@ impl LockError {
             | MigrationRefused { .. }
             | PermissionDenied
             | InvalidOwner { .. }
-            | ValueTooLarge { .. } => Retry::Never,
+            | ValueTooLarge { .. }
+            | ModeMismatch { .. }
+            | InvalidPermits { .. } => Retry::Never,
             LockHeld { .. }
             | QueueFull { .. }
             | TenantWaitersExceeded { .. }
@@ -162,6 +171,8 @@ impl LockError {
             InvalidOwner { .. } => "invalid_owner",
             ValueTooLarge { .. } => "value_too_large",
             ValuesFull { .. } => "values_full",
+            ModeMismatch { .. } => "mode_mismatch",
+            InvalidPermits { .. } => "invalid_permits",
         }
     }
 }
@@ -256,6 +267,17 @@ impl std::fmt::Display for LockError {
                 f,
                 "shard keeps {limit_bytes} bytes of holder values already; acquire without a value or retry later"
             ),
+            ModeMismatch { permits: 0 } => write!(
+                f,
+                "resource is in use as a lock (exclusive or shared), not as a semaphore"
+            ),
+            ModeMismatch { permits } => write!(
+                f,
+                "resource is in use as a semaphore of {permits} permits; acquire it with that count"
+            ),
+            InvalidPermits { permits, max } => {
+                write!(f, "a semaphore needs 1..={max} permits, got {permits}")
+            }
         }
     }
 }

@@ -45,6 +45,10 @@ pub const MAX_HOLDER_VALUE_BYTES: usize = 4096;
 /// (`ValuesFull`) while those without go on. Bounds what values add to a
 /// shard's memory and snapshot whatever the record limits allow.
 pub const MAX_VALUE_BYTES_PER_SHARD: u64 = 64 << 20;
+/// Most holders one resource has at once: a semaphore's permit count is at
+/// most this, and a shared acquire beyond it waits like any other. Bounds
+/// the work of one grant, release or expiry on a resource.
+pub const MAX_HOLDERS_PER_RESOURCE: u32 = 1_024;
 
 /// Per-shard limits. Identical on every replica of a shard (they are part of
 /// the snapshot); validated by [`Limits::validate`] before use.

@@ -7,11 +7,14 @@
 //! snapshots byte for byte).
 //!
 //! Shape of the state:
-//! * `records`: one record per resource that is held. A record always has a
-//!   holder; waiters queue behind it in FIFO order. When the holder leaves,
-//!   the head waiter becomes the holder in the same apply (direct hand-off, so
-//!   nobody else is woken). A resource with neither is deleted; its tokens
-//!   cannot restart lower because they come from the shard's log position.
+//! * `records`: one record per resource that is held. A record always has
+//!   at least one holder (exactly one for an exclusive lock; several shared
+//!   holders, or up to a semaphore's permit count); waiters queue behind
+//!   them in FIFO order whatever their mode. When a holder leaves, waiters
+//!   are granted from the head in the same apply for as long as each fits
+//!   beside the holders (direct hand-off, so nobody else is woken). A
+//!   resource with neither is deleted; its tokens cannot restart lower
+//!   because they come from the shard's log position.
 //! * `dedup`: the outcome of every acquire by `(resource, requestId)`, kept
 //!   while the lease or wait lives and `dedup_retention_ms` after it ends.
 //! * indexes derived from the above (expiry, wait deadlines, dedup forget
@@ -22,8 +25,8 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use crate::error::LockError;
 use crate::limits::{
-    InvalidLimits, Limits, MAX_CLOCK_OFFSET_ALLOWANCE_MS, MAX_RENEW_BATCH,
-    MAX_VALUE_BYTES_PER_SHARD,
+    InvalidLimits, Limits, MAX_CLOCK_OFFSET_ALLOWANCE_MS, MAX_HOLDERS_PER_RESOURCE,
+    MAX_RENEW_BATCH, MAX_VALUE_BYTES_PER_SHARD,
 };
 use crate::name::ResourceName;
 use crate::slots::{slot_of, SlotSet};
@@ -37,7 +40,7 @@ const FULL_CHECK_MAX_ITEMS: usize = 4_096;
 /// The attempt number of an acquire's first (original) request.
 pub const FIRST_ATTEMPT: u32 = 1;
 
-/// The current holder of a resource.
+/// One holding of a resource.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Holder {
     pub lease_id: LeaseId,
@@ -61,6 +64,8 @@ pub(crate) struct Holder {
     /// What the holder publishes (the acquire's value, or the latest
     /// `Proclaim`); empty: none.
     pub value: HolderValue,
+    /// How it holds (of its record's kind).
+    pub mode: AcquireMode,
 }
 
 /// A queued acquire.
@@ -80,12 +85,56 @@ pub(crate) struct Waiter {
     pub attempt: u32,
     /// The value the holder will publish once granted.
     pub value: HolderValue,
+    /// How it wants to hold (of its record's kind).
+    pub mode: AcquireMode,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Record {
-    pub holder: Holder,
+    /// Every holding, oldest grant first (so tokens rise along it). Never
+    /// empty: a record without holders is deleted.
+    pub holders: Vec<Holder>,
     pub waiters: VecDeque<Waiter>,
+}
+
+impl Record {
+    /// A record with one holder and nobody waiting.
+    pub(crate) fn held_by(holder: Holder) -> Record {
+        Record {
+            holders: vec![holder],
+            waiters: VecDeque::new(),
+        }
+    }
+
+    /// The mode of the oldest holding: its kind is the record's.
+    pub(crate) fn kind(&self) -> AcquireMode {
+        self.holders[0].mode
+    }
+
+    pub(crate) fn holder(&self, lease_id: LeaseId) -> Option<&Holder> {
+        self.holders.iter().find(|h| h.lease_id == lease_id)
+    }
+
+    pub(crate) fn holder_mut(&mut self, lease_id: LeaseId) -> Option<&mut Holder> {
+        self.holders.iter_mut().find(|h| h.lease_id == lease_id)
+    }
+
+    /// Whether an acquire in `mode` fits beside the holders now.
+    pub(crate) fn fits(&self, mode: AcquireMode) -> bool {
+        mode.fits_beside(self.holders.iter().map(|h| h.mode))
+    }
+
+    /// When a holding that blocks an acquire in `mode` could end by
+    /// expiry: the last holder to expire for an exclusive acquire (it needs
+    /// them all gone), the first otherwise (one leaving may be enough).
+    fn blocking_expiry_ms(&self, mode: AcquireMode) -> u64 {
+        let expiries = self.holders.iter().map(|h| h.expires_at_ms);
+        let at = match mode {
+            AcquireMode::Exclusive => expiries.max(),
+            AcquireMode::Shared | AcquireMode::Semaphore { .. } => expiries.min(),
+        };
+        at.expect("a record has a holder")
+    }
 }
 
 pub(crate) use crate::dedup_key::DedupKey;
@@ -153,7 +202,7 @@ pub struct LockTable {
     pub(crate) records: BTreeMap<ResourceName, Record>,
     pub(crate) dedup: BTreeMap<DedupKey, DedupEntry>,
     // Derived indexes.
-    pub(crate) expiry_index: BTreeSet<(u64, ResourceName)>,
+    pub(crate) expiry_index: BTreeSet<(u64, ResourceName, LeaseId)>,
     pub(crate) wait_index: BTreeSet<(u64, ResourceName, LeaseId)>,
     pub(crate) forget_index: BTreeSet<(u64, DedupKey)>,
     pub(crate) tenant_waiters: BTreeMap<String, u32>,
@@ -285,6 +334,7 @@ impl LockTable {
                 lease_ttl_ms,
                 wait_timeout_ms,
                 value,
+                mode,
             } => self
                 .acquire(
                     resource,
@@ -294,6 +344,7 @@ impl LockTable {
                     *lease_ttl_ms,
                     *wait_timeout_ms,
                     value,
+                    *mode,
                     events,
                 )
                 .map(Reply::Acquire),
@@ -478,18 +529,19 @@ impl LockTable {
         let mut extended = 0u32;
         let mut moves = Vec::new();
         for (name, record) in self.records.iter_mut() {
-            let holder = &mut record.holder;
-            let target = holder.stamped_expires_at_ms + allowance_ms;
-            if target > holder.expires_at_ms {
-                moves.push((holder.expires_at_ms, target, name.clone()));
-                holder.expires_at_ms = target;
-                extended += 1;
+            for holder in record.holders.iter_mut() {
+                let target = holder.stamped_expires_at_ms + allowance_ms;
+                if target > holder.expires_at_ms {
+                    moves.push((holder.expires_at_ms, target, name.clone(), holder.lease_id));
+                    holder.expires_at_ms = target;
+                    extended += 1;
+                }
             }
         }
-        for (old, new, name) in moves {
-            let removed = self.expiry_index.remove(&(old, name.clone()));
+        for (old, new, name, lease_id) in moves {
+            let removed = self.expiry_index.remove(&(old, name.clone(), lease_id));
             debug_assert!(removed);
-            self.expiry_index.insert((new, name));
+            self.expiry_index.insert((new, name, lease_id));
         }
         Ok(Reply::LeaderChanged {
             leases_extended: extended,
@@ -518,6 +570,7 @@ impl LockTable {
         lease_ttl_ms: u64,
         wait_timeout_ms: u64,
         value: &HolderValue,
+        mode: AcquireMode,
         events: &mut Vec<Event>,
     ) -> Result<AcquireReply, LockError> {
         self.check_owned(resource)?;
@@ -528,6 +581,7 @@ impl LockTable {
                 max_ms: self.limits.max_wait_timeout_ms,
             });
         }
+        mode.validate()?;
         self.settle(resource, events);
         let key = DedupKey::new(resource, owner, request_id);
         if let Some(entry) = self.dedup.get(&key) {
@@ -546,133 +600,189 @@ impl LockTable {
             });
         }
         self.check_value_room(0, value)?;
-        let now = self.now();
-        let status = match self.records.get(resource) {
+        let grant_now = match self.records.get(resource) {
             None => {
                 if self.records.len() >= self.limits.max_records as usize {
                     return Err(LockError::TableFull {
                         limit: self.limits.max_records,
                     });
                 }
-                let held = self.tenant_held.get(resource.tenant()).copied();
-                if held.unwrap_or(0) >= self.limits.max_held_per_tenant {
-                    return Err(LockError::TenantQuotaExceeded {
-                        limit: self.limits.max_held_per_tenant,
-                    });
-                }
-                let token = self.mint(POSITION_SOFT_LIMIT)?;
-                let expires_at_ms = now + lease_ttl_ms;
-                self.count_held(resource, true);
-                let holder = Holder {
-                    lease_id,
-                    owner: owner.clone(),
-                    request_id: request_id.clone(),
-                    token,
-                    granted_at_ms: now,
-                    lease_ttl_ms,
-                    stamped_expires_at_ms: expires_at_ms,
-                    expires_at_ms,
-                    attempt: FIRST_ATTEMPT,
-                    value: value.clone(),
-                };
-                self.value_bytes += value.len() as u64;
-                self.expiry_index.insert((expires_at_ms, resource.clone()));
-                self.records.insert(
-                    resource.clone(),
-                    Record {
-                        holder,
-                        waiters: VecDeque::new(),
-                    },
-                );
-                self.dedup.insert(
-                    key,
-                    DedupEntry {
-                        lease_id,
-                        lease_ttl_ms,
-                        state: DedupState::Held { token },
-                    },
-                );
-                events.push(Event::Granted {
-                    resource: resource.clone(),
-                    lease_id,
-                    request_id: request_id.clone(),
-                    token,
-                    expires_at_ms,
-                    lease_ttl_ms,
-                    from_queue: false,
-                });
-                AcquireStatus::Held {
-                    token,
-                    expires_at_ms,
-                    lease_ttl_ms,
-                }
+                true
             }
             Some(record) => {
-                if record.holder.lease_id == lease_id
+                if !record.kind().same_kind(&mode) {
+                    return Err(LockError::ModeMismatch {
+                        permits: record.kind().permits(),
+                    });
+                }
+                if record.holder(lease_id).is_some()
                     || record.waiters.iter().any(|w| w.lease_id == lease_id)
                 {
                     return Err(LockError::LeaseIdCollision);
                 }
-                let queue_len = record.waiters.len() as u32;
-                if wait_timeout_ms == 0 {
-                    return Err(LockError::LockHeld {
-                        holder_expires_at_ms: record.holder.expires_at_ms,
-                        queue_len,
-                    });
-                }
-                if queue_len >= self.limits.max_waiters_per_resource {
-                    return Err(LockError::QueueFull {
-                        limit: self.limits.max_waiters_per_resource,
-                    });
-                }
-                let tenant = resource.tenant();
-                let tenant_count = self.tenant_waiters.get(tenant).copied().unwrap_or(0);
-                if tenant_count >= self.limits.max_waiters_per_tenant {
-                    return Err(LockError::TenantWaitersExceeded {
-                        limit: self.limits.max_waiters_per_tenant,
-                    });
-                }
-                // A waiter will need a token; do not queue into an epoch that
-                // already refuses direct grants.
-                if self.next_position() > POSITION_SOFT_LIMIT {
-                    return Err(LockError::TokenSpaceExhausted { epoch: self.epoch });
-                }
-                let wait_deadline_ms = now + wait_timeout_ms;
-                self.tenant_waiters
-                    .insert(tenant.to_owned(), tenant_count + 1);
-                self.wait_index
-                    .insert((wait_deadline_ms, resource.clone(), lease_id));
-                let record = self.records.get_mut(resource).expect("looked up above");
-                record.waiters.push_back(Waiter {
+                // FIFO across modes: nobody is granted past a waiter.
+                record.waiters.is_empty() && record.fits(mode)
+            }
+        };
+        let status = if grant_now {
+            let held = self.tenant_held.get(resource.tenant()).copied();
+            if held.unwrap_or(0) >= self.limits.max_held_per_tenant {
+                return Err(LockError::TenantQuotaExceeded {
+                    limit: self.limits.max_held_per_tenant,
+                });
+            }
+            let token = self.mint(POSITION_SOFT_LIMIT)?;
+            let holder = Holder {
+                lease_id,
+                owner: owner.clone(),
+                request_id: request_id.clone(),
+                token,
+                granted_at_ms: 0,
+                lease_ttl_ms,
+                stamped_expires_at_ms: 0,
+                expires_at_ms: 0,
+                attempt: FIRST_ATTEMPT,
+                value: value.clone(),
+                mode,
+            };
+            self.dedup.insert(
+                key,
+                DedupEntry {
+                    lease_id,
+                    lease_ttl_ms,
+                    state: DedupState::Held { token },
+                },
+            );
+            let expires_at_ms = self.add_holder(resource, holder, false, events);
+            AcquireStatus::Held {
+                token,
+                expires_at_ms,
+                lease_ttl_ms,
+            }
+        } else {
+            self.enqueue(
+                resource,
+                key,
+                Waiter {
                     lease_id,
                     owner: owner.clone(),
                     request_id: request_id.clone(),
                     lease_ttl_ms,
-                    enqueued_at_ms: now,
-                    wait_deadline_ms,
+                    enqueued_at_ms: self.now(),
+                    wait_deadline_ms: self.now() + wait_timeout_ms,
                     attempt: FIRST_ATTEMPT,
                     value: value.clone(),
-                });
-                self.value_bytes += value.len() as u64;
-                self.dedup.insert(
-                    key,
-                    DedupEntry {
-                        lease_id,
-                        lease_ttl_ms,
-                        state: DedupState::Waiting,
-                    },
-                );
-                AcquireStatus::Queued {
-                    position: queue_len + 1,
-                    wait_deadline_ms,
-                }
-            }
+                    mode,
+                },
+                wait_timeout_ms,
+            )?
         };
         Ok(AcquireReply {
             lease_id,
             deduplicated: false,
             status,
             attempt: FIRST_ATTEMPT,
+        })
+    }
+
+    /// Makes `holder` (its token minted, its dedup entry saying held) a
+    /// holder of `resource` from now, creating the record if there is
+    /// none: stamps its times, indexes and counts it, and reports the
+    /// grant. Returns its expiry.
+    fn add_holder(
+        &mut self,
+        resource: &ResourceName,
+        mut holder: Holder,
+        from_queue: bool,
+        events: &mut Vec<Event>,
+    ) -> u64 {
+        let now = self.now();
+        let expires_at_ms = now + holder.lease_ttl_ms;
+        holder.granted_at_ms = now;
+        holder.stamped_expires_at_ms = expires_at_ms;
+        holder.expires_at_ms = expires_at_ms;
+        self.count_held(resource, true);
+        self.value_bytes += holder.value.len() as u64;
+        self.expiry_index
+            .insert((expires_at_ms, resource.clone(), holder.lease_id));
+        events.push(Event::Granted {
+            resource: resource.clone(),
+            lease_id: holder.lease_id,
+            request_id: holder.request_id.clone(),
+            token: holder.token,
+            expires_at_ms,
+            lease_ttl_ms: holder.lease_ttl_ms,
+            from_queue,
+        });
+        match self.records.get_mut(resource) {
+            Some(record) => {
+                // Paired with the check in `check_invariants`: holders fit
+                // together, and tokens rise along the list.
+                assert!(record.fits(holder.mode), "{resource}: grant does not fit");
+                debug_assert!(record.holders.last().is_none_or(|h| h.token < holder.token));
+                record.holders.push(holder);
+            }
+            None => {
+                self.records
+                    .insert(resource.clone(), Record::held_by(holder));
+            }
+        }
+        expires_at_ms
+    }
+
+    /// Queues `waiter` on the held `resource` (its acquire's dedup key
+    /// `key`), or refuses as the limits say.
+    fn enqueue(
+        &mut self,
+        resource: &ResourceName,
+        key: DedupKey,
+        waiter: Waiter,
+        wait_timeout_ms: u64,
+    ) -> Result<AcquireStatus, LockError> {
+        let record = self.records.get(resource).expect("queued behind holders");
+        let queue_len = record.waiters.len() as u32;
+        if wait_timeout_ms == 0 {
+            return Err(LockError::LockHeld {
+                holder_expires_at_ms: record.blocking_expiry_ms(waiter.mode),
+                queue_len,
+            });
+        }
+        if queue_len >= self.limits.max_waiters_per_resource {
+            return Err(LockError::QueueFull {
+                limit: self.limits.max_waiters_per_resource,
+            });
+        }
+        let tenant = resource.tenant();
+        let tenant_count = self.tenant_waiters.get(tenant).copied().unwrap_or(0);
+        if tenant_count >= self.limits.max_waiters_per_tenant {
+            return Err(LockError::TenantWaitersExceeded {
+                limit: self.limits.max_waiters_per_tenant,
+            });
+        }
+        // A waiter will need a token; do not queue into an epoch that
+        // already refuses direct grants.
+        if self.next_position() > POSITION_SOFT_LIMIT {
+            return Err(LockError::TokenSpaceExhausted { epoch: self.epoch });
+        }
+        let wait_deadline_ms = waiter.wait_deadline_ms;
+        self.tenant_waiters
+            .insert(tenant.to_owned(), tenant_count + 1);
+        self.wait_index
+            .insert((wait_deadline_ms, resource.clone(), waiter.lease_id));
+        self.value_bytes += waiter.value.len() as u64;
+        self.dedup.insert(
+            key,
+            DedupEntry {
+                lease_id: waiter.lease_id,
+                lease_ttl_ms: waiter.lease_ttl_ms,
+                state: DedupState::Waiting,
+            },
+        );
+        let record = self.records.get_mut(resource).expect("looked up above");
+        record.waiters.push_back(waiter);
+        Ok(AcquireStatus::Queued {
+            position: queue_len + 1,
+            wait_deadline_ms,
         })
     }
 
@@ -702,12 +812,11 @@ impl LockTable {
                 }
             }
             DedupState::Held { token } => {
-                let holder = &self
+                let holder = self
                     .records
                     .get(resource)
-                    .expect("a held dedup entry has its record")
-                    .holder;
-                assert_eq!(holder.lease_id, entry.lease_id);
+                    .and_then(|r| r.holder(entry.lease_id))
+                    .expect("a held dedup entry has its holder");
                 assert_eq!(holder.token, token);
                 // The retry's caller counts its stop-by from when it sent the
                 // retry, but the lease's time runs from its grant or last
@@ -746,11 +855,10 @@ impl LockTable {
         };
         let attempt = match entry.state {
             DedupState::Held { .. } => {
-                assert_eq!(
-                    record.holder.lease_id, entry.lease_id,
-                    "held by its entry's lease"
-                );
-                &mut record.holder.attempt
+                &mut record
+                    .holder_mut(entry.lease_id)
+                    .expect("held by its entry's lease")
+                    .attempt
             }
             DedupState::Waiting => {
                 let waiter = record
@@ -781,32 +889,31 @@ impl LockTable {
         self.settle(resource, events);
         let now = self.now();
         let max_hold_ms = self.limits.max_hold_ms;
-        let Some(record) = self.records.get(resource) else {
+        let Some(holder) = self.records.get(resource).and_then(|r| r.holder(lease_id)) else {
             return Err(LockError::LeaseNotHeld);
         };
-        if record.holder.lease_id != lease_id {
-            return Err(LockError::LeaseNotHeld);
-        }
         // A lease id is a bearer secret only together with its owner: one
         // that leaked (logs, a shared queue) is useless to anyone else.
-        if record.holder.owner != *owner {
+        if holder.owner != *owner {
             return Err(LockError::PermissionDenied);
         }
         // 0 keeps the lease's current TTL.
         let lease_ttl_ms = if lease_ttl_ms == 0 {
-            record.holder.lease_ttl_ms
+            holder.lease_ttl_ms
         } else {
             lease_ttl_ms
         };
         self.check_ttl(lease_ttl_ms)?;
-        let hold_deadline_ms = record.holder.granted_at_ms + max_hold_ms;
+        let hold_deadline_ms = holder.granted_at_ms + max_hold_ms;
         if now >= hold_deadline_ms {
             return Err(LockError::HoldLimitReached {
                 max_hold_ms,
-                granted_at_ms: record.holder.granted_at_ms,
+                granted_at_ms: holder.granted_at_ms,
             });
         }
-        let holder = &mut self.records.get_mut(resource).expect("found above").holder;
+        let holder = (self.records.get_mut(resource))
+            .and_then(|r| r.holder_mut(lease_id))
+            .expect("found above");
         // Never shorten: the holder may have computed its stop-by deadline
         // from an earlier, longer grant whose reply it did receive.
         let wanted = (now + lease_ttl_ms).min(hold_deadline_ms);
@@ -826,9 +933,9 @@ impl LockTable {
         // before the holder's deadline.
         debug_assert!(granted_ttl_ms > 0 && now + granted_ttl_ms <= new_expires);
         if new_expires != old_expires {
-            let removed = self.expiry_index.remove(&(old_expires, resource.clone()));
+            let removed = (self.expiry_index).remove(&(old_expires, resource.clone(), lease_id));
             debug_assert!(removed);
-            self.expiry_index.insert((new_expires, resource.clone()));
+            (self.expiry_index).insert((new_expires, resource.clone(), lease_id));
         }
         Ok(Renewed {
             expires_at_ms: new_expires,
@@ -853,11 +960,11 @@ impl LockTable {
             return Ok(false);
         };
         let not_theirs = |lease_owner: &Owner| owner.is_some_and(|o| o != lease_owner);
-        if record.holder.lease_id == lease_id {
-            if not_theirs(&record.holder.owner) {
+        if let Some(holder) = record.holder(lease_id) {
+            if not_theirs(&holder.owner) {
                 return Err(LockError::PermissionDenied);
             }
-            self.end_holder(resource, how, events);
+            self.end_holder(resource, lease_id, how, events);
             return Ok(true);
         }
         if let Some(pos) = record.waiters.iter().position(|w| w.lease_id == lease_id) {
@@ -874,8 +981,8 @@ impl LockTable {
     /// or waits there (call after settling, so an expired lease has none).
     fn latest_attempt(&self, resource: &ResourceName, lease_id: LeaseId) -> Option<u32> {
         let record = self.records.get(resource)?;
-        if record.holder.lease_id == lease_id {
-            return Some(record.holder.attempt);
+        if let Some(holder) = record.holder(lease_id) {
+            return Some(holder.attempt);
         }
         record
             .waiters
@@ -910,18 +1017,19 @@ impl LockTable {
     ) -> Result<FencingToken, LockError> {
         self.check_owned(resource)?;
         self.settle(resource, events);
-        let holder = match self.records.get(resource) {
-            Some(record) if record.holder.lease_id == lease_id => &record.holder,
-            _ => return Err(LockError::LeaseNotHeld),
+        let Some(holder) = self.records.get(resource).and_then(|r| r.holder(lease_id)) else {
+            return Err(LockError::LeaseNotHeld);
         };
         if holder.owner != *owner {
             return Err(LockError::PermissionDenied);
         }
         let old_len = holder.value.len() as u64;
         self.check_value_room(old_len, value)?;
-        let record = self.records.get_mut(resource).expect("looked up above");
-        record.holder.value = value.clone();
-        let token = record.holder.token;
+        let holder = (self.records.get_mut(resource))
+            .and_then(|r| r.holder_mut(lease_id))
+            .expect("looked up above");
+        holder.value = value.clone();
+        let token = holder.token;
         self.value_bytes = self.value_bytes - old_len + value.len() as u64;
         events.push(Event::ValueChanged {
             resource: resource.clone(),
@@ -954,30 +1062,59 @@ impl LockTable {
         }
     }
 
-    /// Expires the holder of `resource` if its lease ran out by the table's
-    /// clock. Every command that touches a resource settles it first, so an
-    /// expired lease never blocks, renews or answers as held.
+    /// Expires every holder of `resource` whose lease ran out by the
+    /// table's clock. Every command that touches a resource settles it
+    /// first, so an expired lease never blocks, renews or answers as held.
     fn settle(&mut self, resource: &ResourceName, events: &mut Vec<Event>) {
         let now = self.now();
-        let due = self
-            .records
-            .get(resource)
-            .is_some_and(|r| r.holder.expires_at_ms <= now);
-        if due {
-            self.end_holder(resource, LeaseEnd::Expired, events);
+        let Some(record) = self.records.get(resource) else {
+            return;
+        };
+        let due: Vec<LeaseId> = (record.holders.iter())
+            .filter(|h| h.expires_at_ms <= now)
+            .map(|h| h.lease_id)
+            .collect();
+        if due.is_empty() {
+            return;
         }
+        // Every due holding ends before anyone is granted.
+        for lease_id in due {
+            self.remove_holder(resource, lease_id, LeaseEnd::Expired, events);
+        }
+        self.grant_waiters(resource, events);
     }
 
-    /// Removes the holder, records how it ended, and hands the lock to the
-    /// first waiter still waiting. Deletes the record when nobody is left.
-    fn end_holder(&mut self, resource: &ResourceName, how: LeaseEnd, events: &mut Vec<Event>) {
-        let now = self.now();
-        let Record { holder, waiters } = self.records.remove(resource).expect("caller checked");
+    /// Removes the holding of `lease_id`, records how it ended, and grants
+    /// the waiters it was keeping out ([`Self::grant_waiters`]).
+    fn end_holder(
+        &mut self,
+        resource: &ResourceName,
+        lease_id: LeaseId,
+        how: LeaseEnd,
+        events: &mut Vec<Event>,
+    ) {
+        self.remove_holder(resource, lease_id, how, events);
+        self.grant_waiters(resource, events);
+    }
+
+    /// [`Self::end_holder`] without the grants: the caller grants (or
+    /// deletes the emptied record) with [`Self::grant_waiters`] next.
+    fn remove_holder(
+        &mut self,
+        resource: &ResourceName,
+        lease_id: LeaseId,
+        how: LeaseEnd,
+        events: &mut Vec<Event>,
+    ) {
+        let record = self.records.get_mut(resource).expect("caller checked");
+        let pos = (record.holders.iter())
+            .position(|h| h.lease_id == lease_id)
+            .expect("caller checked");
+        let holder = record.holders.remove(pos);
         self.count_held(resource, false);
         self.value_bytes -= holder.value.len() as u64;
-        let removed = self
-            .expiry_index
-            .remove(&(holder.expires_at_ms, resource.clone()));
+        let removed =
+            (self.expiry_index).remove(&(holder.expires_at_ms, resource.clone(), lease_id));
         debug_assert!(removed);
         self.finish_dedup(
             resource,
@@ -990,36 +1127,38 @@ impl LockTable {
         );
         events.push(Event::LeaseEnded {
             resource: resource.clone(),
-            lease_id: holder.lease_id,
+            lease_id,
             token: holder.token,
             ended: how,
         });
-        let mut waiters = waiters;
-        while let Some(waiter) = waiters.pop_front() {
+    }
+
+    /// Grants `resource`'s waiters from the head of the queue for as long
+    /// as the head fits beside the holders (FIFO across modes: a waiter
+    /// that does not fit keeps everyone behind it waiting). A head whose
+    /// wait ran out, or that cannot get a token, ends its wait instead.
+    /// Deletes the record when nobody is left.
+    fn grant_waiters(&mut self, resource: &ResourceName, events: &mut Vec<Event>) {
+        let now = self.now();
+        loop {
+            let record = self.records.get_mut(resource).expect("caller checked");
+            let fits = record.waiters.front().is_some_and(|w| record.fits(w.mode));
+            if !fits {
+                break;
+            }
+            let waiter = record.waiters.pop_front().expect("looked at");
             self.unindex_waiter(resource, &waiter);
             let ended = if waiter.wait_deadline_ms <= now {
                 WaitEnd::TimedOut
             } else {
                 match self.mint(MAX_POSITION) {
                     Ok(token) => {
-                        debug_assert!(token > holder.token);
-                        let expires_at_ms = now + waiter.lease_ttl_ms;
-                        self.expiry_index.insert((expires_at_ms, resource.clone()));
                         self.set_dedup_state(
                             resource,
                             &waiter.owner,
                             &waiter.request_id,
                             DedupState::Held { token },
                         );
-                        events.push(Event::Granted {
-                            resource: resource.clone(),
-                            lease_id: waiter.lease_id,
-                            request_id: waiter.request_id.clone(),
-                            token,
-                            expires_at_ms,
-                            lease_ttl_ms: waiter.lease_ttl_ms,
-                            from_queue: true,
-                        });
                         let holder = Holder {
                             lease_id: waiter.lease_id,
                             owner: waiter.owner,
@@ -1027,18 +1166,16 @@ impl LockTable {
                             token,
                             granted_at_ms: now,
                             lease_ttl_ms: waiter.lease_ttl_ms,
-                            stamped_expires_at_ms: expires_at_ms,
-                            expires_at_ms,
+                            stamped_expires_at_ms: 0,
+                            expires_at_ms: 0,
                             attempt: waiter.attempt,
+                            // `unindex_waiter` took the value out;
+                            // `add_holder` counts it back in.
                             value: waiter.value,
+                            mode: waiter.mode,
                         };
-                        // `unindex_waiter` took the value out; it stays.
-                        self.value_bytes += holder.value.len() as u64;
-                        self.records
-                            .insert(resource.clone(), Record { holder, waiters });
-                        // Handed off within the tenant: it still holds one.
-                        self.count_held(resource, true);
-                        return;
+                        self.add_holder(resource, holder, true, events);
+                        continue;
                     }
                     Err(_) => WaitEnd::TokenSpaceExhausted,
                 }
@@ -1056,9 +1193,16 @@ impl LockTable {
                 ended,
             });
         }
+        let record = self.records.get(resource).expect("caller checked");
+        if record.holders.is_empty() {
+            // Anything fits beside no holders: the loop emptied the queue.
+            assert!(record.waiters.is_empty(), "{resource}: waiters left unheld");
+            self.records.remove(resource);
+        }
     }
 
-    /// Removes the waiter at `pos` of `resource`'s queue.
+    /// Removes the waiter at `pos` of `resource`'s queue, and grants the
+    /// ones behind it that it was keeping out.
     fn remove_waiter(
         &mut self,
         resource: &ResourceName,
@@ -1081,6 +1225,9 @@ impl LockTable {
             request_id: waiter.request_id,
             ended,
         });
+        if pos == 0 {
+            self.grant_waiters(resource, events);
+        }
     }
 
     pub(crate) fn unindex_waiter(&mut self, resource: &ResourceName, waiter: &Waiter) {
@@ -1150,13 +1297,13 @@ impl LockTable {
         let mut budget = self.limits.max_retired_per_tick;
         let mut report = TickReport::default();
         while budget > 0 {
-            let Some((at, name)) = self.expiry_index.first().cloned() else {
+            let Some((at, name, lease_id)) = self.expiry_index.first().cloned() else {
                 break;
             };
             if at > now {
                 break;
             }
-            self.end_holder(&name, LeaseEnd::Expired, events);
+            self.end_holder(&name, lease_id, LeaseEnd::Expired, events);
             report.leases_expired += 1;
             budget -= 1;
         }
@@ -1203,13 +1350,27 @@ impl LockTable {
     /// A lease past its expiry is shown until a command retires it; compare
     /// `expires_at_ms` with the current time to tell.
     pub fn view(&self, resource: &ResourceName) -> Option<LockView> {
-        self.records.get(resource).map(|r| LockView {
-            lease_id: r.holder.lease_id,
-            token: r.holder.token,
-            expires_at_ms: r.holder.expires_at_ms,
-            granted_at_ms: r.holder.granted_at_ms,
-            queue_len: r.waiters.len() as u32,
-            value: r.holder.value.clone(),
+        self.records.get(resource).map(|r| {
+            let first = &r.holders[0];
+            LockView {
+                lease_id: first.lease_id,
+                token: first.token,
+                expires_at_ms: first.expires_at_ms,
+                granted_at_ms: first.granted_at_ms,
+                queue_len: r.waiters.len() as u32,
+                value: first.value.clone(),
+                mode: first.mode,
+                holders: (r.holders.iter())
+                    .map(|h| HolderView {
+                        lease_id: h.lease_id,
+                        token: h.token,
+                        expires_at_ms: h.expires_at_ms,
+                        granted_at_ms: h.granted_at_ms,
+                        value: h.value.clone(),
+                        mode: h.mode,
+                    })
+                    .collect(),
+            }
         })
     }
 
@@ -1290,6 +1451,11 @@ impl LockTable {
     pub fn held_count(&self) -> usize {
         self.records.len()
     }
+    /// Holdings across all resources (more than `held_count` when shared
+    /// locks or semaphores have several holders).
+    pub fn holding_count(&self) -> usize {
+        self.expiry_index.len()
+    }
     /// Waiters queued across all resources.
     pub fn waiter_count(&self) -> usize {
         self.wait_index.len()
@@ -1342,36 +1508,75 @@ impl LockTable {
             ));
         }
         for (name, record) in &self.records {
-            let h = &record.holder;
-            // Invariant 1: one holder per record, and it is the one the
-            // dedup table says holds.
-            if h.token > self.max_token || h.token == FencingToken::NONE {
-                return Err(format!("{name}: holder token {} not minted", h.token));
+            // Invariant 1: the holders fit together (one exclusive holder,
+            // or shared ones only, or at most a semaphore's permits), all
+            // of one kind with the waiters, in grant order.
+            let Some(first) = record.holders.first() else {
+                return Err(format!("{name}: record without a holder"));
+            };
+            let kind = first.mode;
+            if kind.validate().is_err() {
+                return Err(format!("{name}: mode {kind:?} out of range"));
             }
-            if h.expires_at_ms < h.stamped_expires_at_ms {
-                return Err(format!("{name}: expiry below its stamp"));
+            let modes = || record.holders.iter().map(|h| h.mode);
+            if modes().any(|m| !m.same_kind(&kind))
+                || record.waiters.iter().any(|w| !w.mode.same_kind(&kind))
+            {
+                return Err(format!("{name}: holdings of different kinds"));
             }
-            if h.attempt < FIRST_ATTEMPT {
-                return Err(format!("{name}: holder attempt {}", h.attempt));
+            // Of one kind, the holdings fit together exactly when the last
+            // fits beside the others (fitting is symmetric within a kind).
+            let (last, others) = record.holders.split_last().expect("not empty");
+            if !last.mode.fits_beside(others.iter().map(|h| h.mode)) {
+                return Err(format!(
+                    "{name}: {:?} holding beside {} others",
+                    last.mode,
+                    others.len()
+                ));
             }
-            if h.value.len() > crate::limits::MAX_HOLDER_VALUE_BYTES {
-                return Err(format!("{name}: holder value over its cap"));
+            if record.holders.len() > MAX_HOLDERS_PER_RESOURCE as usize {
+                return Err(format!("{name}: over the holders cap"));
             }
-            value_bytes += h.value.len() as u64;
-            expiry.insert((h.expires_at_ms, name.clone()));
-            *held.entry(name.tenant().to_owned()).or_default() += 1;
-            let key = DedupKey::new(name, &h.owner, &h.request_id);
-            match self.dedup.get(&key) {
-                Some(e)
-                    if e.lease_id == h.lease_id
-                        && e.state == DedupState::Held { token: h.token } => {}
-                other => return Err(format!("{name}: holder dedup entry is {other:?}")),
+            if (record.holders.windows(2)).any(|pair| pair[0].token >= pair[1].token) {
+                return Err(format!("{name}: holders out of grant order"));
             }
-            live_dedup += 1;
+            // FIFO: a waiter at the head that fits would have been granted.
+            if record.waiters.front().is_some_and(|w| record.fits(w.mode)) {
+                return Err(format!("{name}: head waiter fits but waits"));
+            }
+            let mut ids = BTreeSet::new();
+            for h in &record.holders {
+                // Each holding is the one the dedup table says holds.
+                if h.token > self.max_token || h.token == FencingToken::NONE {
+                    return Err(format!("{name}: holder token {} not minted", h.token));
+                }
+                if h.expires_at_ms < h.stamped_expires_at_ms {
+                    return Err(format!("{name}: expiry below its stamp"));
+                }
+                if h.attempt < FIRST_ATTEMPT {
+                    return Err(format!("{name}: holder attempt {}", h.attempt));
+                }
+                if h.value.len() > crate::limits::MAX_HOLDER_VALUE_BYTES {
+                    return Err(format!("{name}: holder value over its cap"));
+                }
+                if !ids.insert(h.lease_id) {
+                    return Err(format!("{name}: lease id {} twice", h.lease_id));
+                }
+                value_bytes += h.value.len() as u64;
+                expiry.insert((h.expires_at_ms, name.clone(), h.lease_id));
+                *held.entry(name.tenant().to_owned()).or_default() += 1;
+                let key = DedupKey::new(name, &h.owner, &h.request_id);
+                match self.dedup.get(&key) {
+                    Some(e)
+                        if e.lease_id == h.lease_id
+                            && e.state == DedupState::Held { token: h.token } => {}
+                    other => return Err(format!("{name}: holder dedup entry is {other:?}")),
+                }
+                live_dedup += 1;
+            }
             if record.waiters.len() > self.limits.max_waiters_per_resource as usize {
                 return Err(format!("{name}: queue over its cap"));
             }
-            let mut ids = BTreeSet::from([h.lease_id]);
             for w in &record.waiters {
                 if !ids.insert(w.lease_id) {
                     return Err(format!("{name}: lease id {} twice", w.lease_id));

@@ -102,7 +102,7 @@ impl LockTable {
             .collect();
         let max_token = records
             .iter()
-            .map(|(_, r)| r.holder.token)
+            .flat_map(|(_, r)| r.holders.iter().map(|h| h.token))
             .chain(dedup.iter().filter_map(|(_, e)| e.state.token()))
             .max()
             .unwrap_or(FencingToken::NONE);
@@ -259,10 +259,11 @@ impl LockTable {
             // Margin (and, without the source's clock, the assumption that
             // the clocks agree): the allowance a new leader gives, bounded
             // by the stamp.
-            let holder = &mut record.holder;
-            holder.expires_at_ms = holder
-                .expires_at_ms
-                .max(holder.stamped_expires_at_ms + allowance_ms);
+            for holder in record.holders.iter_mut() {
+                holder.expires_at_ms = holder
+                    .expires_at_ms
+                    .max(holder.stamped_expires_at_ms + allowance_ms);
+            }
             if !scratch.insert_record_indexed(name, record) {
                 return Err(refused("export lists a resource twice".into()));
             }
@@ -342,7 +343,12 @@ impl LockTable {
         if self.records.contains_key(&name) {
             return false;
         }
-        self.value_bytes += record.holder.value.len() as u64;
+        for holder in &record.holders {
+            self.value_bytes += holder.value.len() as u64;
+            self.expiry_index
+                .insert((holder.expires_at_ms, name.clone(), holder.lease_id));
+            self.count_held(&name, true);
+        }
         for waiter in &record.waiters {
             self.value_bytes += waiter.value.len() as u64;
             self.wait_index
@@ -352,21 +358,19 @@ impl LockTable {
                 .entry(name.tenant().to_owned())
                 .or_default() += 1;
         }
-        self.expiry_index
-            .insert((record.holder.expires_at_ms, name.clone()));
-        self.count_held(&name, true);
         self.records.insert(name, record);
         true
     }
 
     fn remove_record_indexed(&mut self, name: &ResourceName) {
         let record = self.records.remove(name).expect("caller listed it");
-        self.count_held(name, false);
-        self.value_bytes -= record.holder.value.len() as u64;
-        let removed = self
-            .expiry_index
-            .remove(&(record.holder.expires_at_ms, name.clone()));
-        debug_assert!(removed);
+        for holder in &record.holders {
+            self.count_held(name, false);
+            self.value_bytes -= holder.value.len() as u64;
+            let removed =
+                (self.expiry_index).remove(&(holder.expires_at_ms, name.clone(), holder.lease_id));
+            debug_assert!(removed);
+        }
         for waiter in &record.waiters {
             self.unindex_waiter(name, waiter);
         }
@@ -416,10 +420,11 @@ fn shift_record(record: &mut Record, shift_ms: i128) {
     if shift_ms == 0 {
         return;
     }
-    let h = &mut record.holder;
-    h.granted_at_ms = shifted(h.granted_at_ms, shift_ms);
-    h.stamped_expires_at_ms = shifted(h.stamped_expires_at_ms, shift_ms);
-    h.expires_at_ms = shifted(h.expires_at_ms, shift_ms);
+    for h in record.holders.iter_mut() {
+        h.granted_at_ms = shifted(h.granted_at_ms, shift_ms);
+        h.stamped_expires_at_ms = shifted(h.stamped_expires_at_ms, shift_ms);
+        h.expires_at_ms = shifted(h.expires_at_ms, shift_ms);
+    }
     for w in record.waiters.iter_mut() {
         w.enqueued_at_ms = shifted(w.enqueued_at_ms, shift_ms);
         w.wait_deadline_ms = shifted(w.wait_deadline_ms, shift_ms);

@@ -2,7 +2,10 @@
 //! replies and events.
 
 use crate::error::LockError;
-use crate::limits::{LEASE_ID_LEN, MAX_HOLDER_VALUE_BYTES, MAX_OWNER_LEN, MAX_REQUEST_ID_LEN};
+use crate::limits::{
+    LEASE_ID_LEN, MAX_HOLDERS_PER_RESOURCE, MAX_HOLDER_VALUE_BYTES, MAX_OWNER_LEN,
+    MAX_REQUEST_ID_LEN,
+};
 use crate::name::ResourceName;
 use crate::slots::SlotSet;
 use crate::token::FencingToken;
@@ -160,6 +163,81 @@ impl std::fmt::Debug for HolderValue {
     }
 }
 
+/// How an acquire wants to hold its resource.
+///
+/// A resource is either a **lock** (acquired `Exclusive` or `Shared`) or a
+/// **semaphore** of `permits` holders, decided by the acquire that finds it
+/// free of holders and waiters and fixed until it is free again; an acquire
+/// of the other kind (or another permit count) is refused with
+/// `ModeMismatch`. Grants follow the queue in order (FIFO across modes): an
+/// acquire is granted at once only if nobody waits and it fits beside the
+/// holders; otherwise it waits, and when holders leave, waiters are
+/// granted from the head for as long as each fits. So a waiting exclusive
+/// acquire is never overtaken by shared ones that came after it.
+///
+/// What fits: `Exclusive` beside nobody; `Shared` beside shared holders
+/// only (at most `MAX_HOLDERS_PER_RESOURCE`); a semaphore's acquire while
+/// fewer than `permits` hold it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum AcquireMode {
+    /// The only holder (the lock of every release before modes).
+    #[default]
+    Exclusive,
+    /// One of any number of readers, none beside an exclusive holder.
+    Shared,
+    /// One of at most `permits` holders (`1..=MAX_HOLDERS_PER_RESOURCE`).
+    Semaphore { permits: u32 },
+}
+
+impl AcquireMode {
+    /// A semaphore's permit count; 0 for a lock (exclusive or shared).
+    pub fn permits(&self) -> u32 {
+        match *self {
+            AcquireMode::Semaphore { permits } => permits,
+            AcquireMode::Exclusive | AcquireMode::Shared => 0,
+        }
+    }
+
+    /// Refuses a permit count out of range.
+    pub fn validate(&self) -> Result<(), LockError> {
+        let permits = self.permits();
+        if matches!(self, AcquireMode::Semaphore { .. })
+            && !(1..=MAX_HOLDERS_PER_RESOURCE).contains(&permits)
+        {
+            return Err(LockError::InvalidPermits {
+                permits,
+                max: MAX_HOLDERS_PER_RESOURCE,
+            });
+        }
+        Ok(())
+    }
+
+    /// Whether a resource used in `self`'s kind may be acquired in
+    /// `other`'s: both locks, or both semaphores of one permit count.
+    pub fn same_kind(&self, other: &AcquireMode) -> bool {
+        self.permits() == other.permits()
+    }
+
+    /// Whether an acquire in this mode fits beside `holders` (the modes of
+    /// the resource's current holders, all of this mode's kind).
+    pub fn fits_beside(&self, mut holders: impl Iterator<Item = AcquireMode>) -> bool {
+        match *self {
+            AcquireMode::Exclusive => holders.next().is_none(),
+            AcquireMode::Shared => {
+                let mut count = 0u32;
+                for mode in holders {
+                    if mode != AcquireMode::Shared {
+                        return false;
+                    }
+                    count += 1;
+                }
+                count < MAX_HOLDERS_PER_RESOURCE
+            }
+            AcquireMode::Semaphore { permits } => holders.count() < permits as usize,
+        }
+    }
+}
+
 /// Everything apply needs to know about the log entry a command came in.
 /// Identical on every replica for the same entry: that is what keeps apply
 /// deterministic.
@@ -194,6 +272,8 @@ pub enum Command {
         /// Published while the lease is held (empty: none). A waiter
         /// keeps it until its grant.
         value: HolderValue,
+        /// Exclusive, shared or a semaphore's permit ([`AcquireMode`]).
+        mode: AcquireMode,
     },
     /// Replace the value a held lease publishes (an election's Proclaim).
     /// Only the lease's owner may, and only while the lease holds the
@@ -465,7 +545,9 @@ pub struct Outcome {
     pub events: Vec<Event>,
 }
 
-/// A read of one resource's lock state (for `Get`).
+/// A read of one resource's lock state (for `Get`). The top-level fields
+/// describe the oldest holding (the only one of an exclusive lock), so a
+/// reader that knows nothing of modes reads what it always did.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LockView {
     pub lease_id: LeaseId,
@@ -475,4 +557,20 @@ pub struct LockView {
     pub queue_len: u32,
     /// What the holder publishes (empty: none).
     pub value: HolderValue,
+    /// The mode of the oldest holding; every holding's mode is of its kind.
+    pub mode: AcquireMode,
+    /// Every holding, oldest grant first (tokens rising); the first is the
+    /// one the fields above describe. One entry for an exclusive lock.
+    pub holders: Vec<HolderView>,
+}
+
+/// One holding of a resource, in a [`LockView`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HolderView {
+    pub lease_id: LeaseId,
+    pub token: FencingToken,
+    pub expires_at_ms: u64,
+    pub granted_at_ms: u64,
+    pub value: HolderValue,
+    pub mode: AcquireMode,
 }

@@ -42,6 +42,7 @@ fn commands() -> Vec<Command> {
             lease_ttl_ms: 10_000,
             wait_timeout_ms: 5_000,
             value: fencelock_statemachine::HolderValue::none(),
+            mode: fencelock_statemachine::AcquireMode::Exclusive,
         },
         Command::Renew {
             owner: Owner::anonymous(),
@@ -112,6 +113,7 @@ fn busy_table() -> LockTable {
                 lease_ttl_ms: 10_000,
                 wait_timeout_ms: 60_000,
                 value: fencelock_statemachine::HolderValue::none(),
+                mode: fencelock_statemachine::AcquireMode::Exclusive,
             },
         );
     }

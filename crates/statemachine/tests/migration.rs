@@ -72,6 +72,7 @@ impl Shard {
             lease_ttl_ms: 10_000,
             wait_timeout_ms: wait_ms,
             value: fencelock_statemachine::HolderValue::none(),
+            mode: fencelock_statemachine::AcquireMode::Exclusive,
         })? {
             Reply::Acquire(a) => Ok(a),
             other => panic!("unexpected {other:?}"),
@@ -591,7 +592,7 @@ proptest! {
                         lease_id: LeaseId([lease; 16]),
                         lease_ttl_ms: 5_000,
                         wait_timeout_ms: if wait { 30_000 } else { 0 },
-                        value: fencelock_statemachine::HolderValue::none(),
+                        value: fencelock_statemachine::HolderValue::none(), mode: fencelock_statemachine::AcquireMode::Exclusive,
                     });
                     events = out.events;
                 }

@@ -2,21 +2,28 @@
 //!
 //! Long random command sequences (duplicated acquires, reordered and stale
 //! lease ids, out-of-range parameters, clock going back, leader changes,
-//! stale terms and epochs) are applied both to the real `LockTable` and to a
-//! small reference model written for clarity, not speed. After every step:
+//! stale terms and epochs, and every acquire mode: exclusive, shared and
+//! semaphores, valid and invalid permit counts, kinds mixed on one
+//! resource) are applied both to the real `LockTable` and to a small
+//! reference model written from the contract, for clarity, not speed. After
+//! every step:
 //!
-//! * the reply and the events equal the model's;
+//! * the reply and the events equal the model's, and so does `view()`;
 //! * properties checked on the observed outputs alone, so that a bug shared
-//!   by model and table still fails: at most one holder per resource, tokens
-//!   strictly increasing per resource, only the current lease renews or
+//!   by model and table still fails: a lock never has an exclusive holder
+//!   beside another holder, a semaphore never more than its permits, all
+//!   holders and waiters of a resource are of one kind, tokens strictly
+//!   increasing per resource, only a current holding's lease renews or
 //!   releases, dedup returns the first outcome, grants from the queue follow
-//!   FIFO order;
+//!   FIFO order and no direct grant passes a waiter, and no waiter that
+//!   fits is left at the head of a queue;
 //! * the snapshot round-trips to an equal table and identical bytes.
 //!
 //! At the end a second table replays the log and must be byte-identical.
 
 use std::collections::{BTreeMap, VecDeque};
 
+use fencelock_statemachine::limits::MAX_HOLDERS_PER_RESOURCE;
 use fencelock_statemachine::token::{FencingToken, POSITION_BITS};
 use fencelock_statemachine::*;
 use proptest::prelude::*;
@@ -31,13 +38,39 @@ fn limits() -> Limits {
         max_hold_ms: 60_000,
         max_waiters_per_resource: 3,
         max_waiters_per_tenant: 4,
-        // Above max_records: the model has no per-tenant hold quota
+        // Above what the dedup table lets live at once (every holding has
+        // a dedup entry): the model has no per-tenant hold quota
         // (tests/scenarios.rs covers it).
         max_held_per_tenant: 1_000,
         dedup_retention_ms: 20_000,
         max_dedup_entries: 14,
         max_records: 3,
         max_retired_per_tick: 1_000,
+    }
+}
+
+/// The contract's rule of what fits beside the current holders (given by
+/// their modes, all of the acquire's kind): `Exclusive` beside nobody,
+/// `Shared` beside shared holders only and while fewer than
+/// `MAX_HOLDERS_PER_RESOURCE` hold, a semaphore's acquire while fewer than
+/// its permits hold.
+fn fits(mode: AcquireMode, holders: &[AcquireMode]) -> bool {
+    match mode {
+        AcquireMode::Exclusive => holders.is_empty(),
+        AcquireMode::Shared => {
+            holders.iter().all(|m| *m == AcquireMode::Shared)
+                && holders.len() < MAX_HOLDERS_PER_RESOURCE as usize
+        }
+        AcquireMode::Semaphore { permits } => holders.len() < permits as usize,
+    }
+}
+
+/// A resource's kind: 0 for a lock (exclusive or shared), else the
+/// semaphore's permit count.
+fn kind(mode: AcquireMode) -> u32 {
+    match mode {
+        AcquireMode::Exclusive | AcquireMode::Shared => 0,
+        AcquireMode::Semaphore { permits } => permits,
     }
 }
 
@@ -55,6 +88,7 @@ struct MHolder {
     attempt: u32,
     /// What the holder publishes (`Get`); empty: nothing.
     value: Vec<u8>,
+    mode: AcquireMode,
 }
 
 #[derive(Clone, Debug)]
@@ -65,6 +99,32 @@ struct MWaiter {
     deadline: u64,
     attempt: u32,
     value: Vec<u8>,
+    mode: AcquireMode,
+}
+
+/// One resource's record: its holdings in grant order (tokens rising) and
+/// its queue. Deleted when both are empty.
+#[derive(Clone, Debug, Default)]
+struct MRecord {
+    holders: Vec<MHolder>,
+    queue: VecDeque<MWaiter>,
+}
+
+impl MRecord {
+    fn modes(&self) -> Vec<AcquireMode> {
+        self.holders.iter().map(|h| h.mode).collect()
+    }
+
+    /// The record's kind (fixed while it exists).
+    fn kind(&self) -> u32 {
+        let first = self
+            .holders
+            .first()
+            .map(|h| h.mode)
+            .or(self.queue.front().map(|w| w.mode))
+            .expect("a record has a holder or a waiter");
+        kind(first)
+    }
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -83,7 +143,7 @@ struct Model {
     term: u64,
     index: u64,
     clock: u64,
-    held: BTreeMap<ResourceName, (MHolder, VecDeque<MWaiter>)>,
+    held: BTreeMap<ResourceName, MRecord>,
     dedup: BTreeMap<(ResourceName, RequestId), (LeaseId, u64, MDedup)>,
 }
 
@@ -109,6 +169,35 @@ impl Model {
         }
         self.last_pos = pos;
         Some(FencingToken::new(self.epoch, pos))
+    }
+
+    /// What `LockTable::view` must show: the oldest holding on top, every
+    /// holding oldest first.
+    fn view(&self, r: &ResourceName) -> Option<LockView> {
+        let rec = self.held.get(r)?;
+        let holders: Vec<HolderView> = rec
+            .holders
+            .iter()
+            .map(|h| HolderView {
+                lease_id: h.lease,
+                token: h.token,
+                expires_at_ms: h.expires,
+                granted_at_ms: h.granted,
+                value: HolderValue::new(h.value.clone()).unwrap(),
+                mode: h.mode,
+            })
+            .collect();
+        let first = holders.first()?.clone();
+        Some(LockView {
+            lease_id: first.lease_id,
+            token: first.token,
+            expires_at_ms: first.expires_at_ms,
+            granted_at_ms: first.granted_at_ms,
+            queue_len: rec.queue.len() as u32,
+            value: first.value,
+            mode: first.mode,
+            holders,
+        })
     }
 
     fn apply(&mut self, c: &Command, ctx: &ApplyContext) -> Outcome {
@@ -162,10 +251,12 @@ impl Model {
             }
             self.term = ctx.term;
             let mut n = 0;
-            for (h, _) in self.held.values_mut() {
-                if h.stamped + a > h.expires {
-                    h.expires = h.stamped + a;
-                    n += 1;
+            for rec in self.held.values_mut() {
+                for h in &mut rec.holders {
+                    if h.stamped + a > h.expires {
+                        h.expires = h.stamped + a;
+                        n += 1;
+                    }
                 }
             }
             return Ok(Reply::LeaderChanged { leases_extended: n });
@@ -184,6 +275,7 @@ impl Model {
                 lease_ttl_ms,
                 wait_timeout_ms,
                 value,
+                mode,
                 ..
             } => self
                 .acquire(
@@ -191,12 +283,13 @@ impl Model {
                     request_id,
                     *lease_id,
                     (*lease_ttl_ms, *wait_timeout_ms),
-                    value.as_bytes(),
+                    (value.as_bytes(), *mode),
                     ev,
                 )
                 .map(Reply::Acquire),
-            // The contract: only the lease that holds the resource now
-            // replaces what it publishes; its token stays.
+            // The contract: only a lease that holds the resource now
+            // replaces what it publishes; its token stays, and the other
+            // holders are untouched.
             Command::Proclaim {
                 resource,
                 lease_id,
@@ -204,8 +297,12 @@ impl Model {
                 ..
             } => {
                 self.settle(resource, ev);
-                match self.held.get_mut(resource) {
-                    Some((h, _)) if h.lease == *lease_id => {
+                let holder = self
+                    .held
+                    .get_mut(resource)
+                    .and_then(|rec| rec.holders.iter_mut().find(|h| h.lease == *lease_id));
+                match holder {
+                    Some(h) => {
                         h.value = value.as_bytes().to_vec();
                         ev.push(Event::ValueChanged {
                             resource: resource.clone(),
@@ -214,7 +311,7 @@ impl Model {
                         });
                         Ok(Reply::Proclaimed { token: h.token })
                     }
-                    _ => Err(LockError::LeaseNotHeld),
+                    None => Err(LockError::LeaseNotHeld),
                 }
             }
             Command::Renew {
@@ -251,12 +348,17 @@ impl Model {
             } => {
                 // Only the latest attempt attached to the lease cancels it.
                 self.settle(resource, ev);
-                let latest = self.held.get(resource).and_then(|(h, q)| {
-                    if h.lease == *lease_id {
-                        Some(h.attempt)
-                    } else {
-                        q.iter().find(|w| w.lease == *lease_id).map(|w| w.attempt)
-                    }
+                let latest = self.held.get(resource).and_then(|rec| {
+                    rec.holders
+                        .iter()
+                        .find(|h| h.lease == *lease_id)
+                        .map(|h| h.attempt)
+                        .or_else(|| {
+                            rec.queue
+                                .iter()
+                                .find(|w| w.lease == *lease_id)
+                                .map(|w| w.attempt)
+                        })
                 });
                 let removed = latest == Some(*attempt)
                     && self.end(resource, *lease_id, LeaseEnd::Cancelled, ev);
@@ -288,18 +390,29 @@ impl Model {
         self.dedup.get_mut(&(r.clone(), req.clone())).unwrap().2 = state;
     }
 
+    /// Settling: every holder whose lease is due ends as expired (in grant
+    /// order), then the queue is granted once.
     fn settle(&mut self, r: &ResourceName, ev: &mut Vec<Event>) {
-        if self
-            .held
-            .get(r)
-            .is_some_and(|(h, _)| h.expires <= self.clock)
-        {
-            self.end_holder(r, LeaseEnd::Expired, ev);
+        let now = self.clock;
+        let Some(rec) = self.held.get_mut(r) else {
+            return;
+        };
+        if !rec.holders.iter().any(|h| h.expires <= now) {
+            return;
         }
+        let (due, live): (Vec<MHolder>, Vec<MHolder>) = std::mem::take(&mut rec.holders)
+            .into_iter()
+            .partition(|h| h.expires <= now);
+        rec.holders = live;
+        for h in due {
+            self.ended_holder(r, h, LeaseEnd::Expired, ev);
+        }
+        self.grant_queue(r, ev);
     }
 
-    fn end_holder(&mut self, r: &ResourceName, how: LeaseEnd, ev: &mut Vec<Event>) {
-        let (h, mut q) = self.held.remove(r).unwrap();
+    /// Records and reports the end of a holding already taken out of its
+    /// record.
+    fn ended_holder(&mut self, r: &ResourceName, h: MHolder, how: LeaseEnd, ev: &mut Vec<Event>) {
         let forget = self.clock + self.l.dedup_retention_ms;
         self.set_end(r, &h.req, MDedup::Ended(h.token, how, forget));
         ev.push(Event::LeaseEnded {
@@ -308,11 +421,29 @@ impl Model {
             token: h.token,
             ended: how,
         });
-        while let Some(w) = q.pop_front() {
-            let ended = if w.deadline <= self.clock {
+    }
+
+    /// Grants the queue from its head for as long as the head fits beside
+    /// the holders (a head that fits but whose wait is over ends as timed
+    /// out instead, and the loop goes on; a head that does not fit stops
+    /// it, over or not: `Tick` times it out); deletes the record if it is
+    /// left empty.
+    fn grant_queue(&mut self, r: &ResourceName, ev: &mut Vec<Event>) {
+        let now = self.clock;
+        let forget = now + self.l.dedup_retention_ms;
+        loop {
+            let rec = self.held.get_mut(r).unwrap();
+            let Some(head) = rec.queue.front() else {
+                break;
+            };
+            if !fits(head.mode, &rec.modes()) {
+                break;
+            }
+            let w = rec.queue.pop_front().unwrap();
+            let ended = if w.deadline <= now {
                 WaitEnd::TimedOut
             } else if let Some(token) = self.mint((1 << 40) - 1) {
-                let expires = self.clock + w.ttl;
+                let expires = now + w.ttl;
                 self.set_end(r, &w.req, MDedup::Held(token));
                 ev.push(Event::Granted {
                     resource: r.clone(),
@@ -323,19 +454,19 @@ impl Model {
                     lease_ttl_ms: w.ttl,
                     from_queue: true,
                 });
-                let h = MHolder {
+                self.held.get_mut(r).unwrap().holders.push(MHolder {
                     lease: w.lease,
                     req: w.req,
                     token,
-                    granted: self.clock,
+                    granted: now,
                     ttl: w.ttl,
                     stamped: expires,
                     expires,
                     attempt: w.attempt,
                     value: w.value,
-                };
-                self.held.insert(r.clone(), (h, q));
-                return;
+                    mode: w.mode,
+                });
+                continue;
             } else {
                 WaitEnd::TokenSpaceExhausted
             };
@@ -347,13 +478,24 @@ impl Model {
                 ended,
             });
         }
+        self.drop_if_empty(r);
+    }
+
+    fn drop_if_empty(&mut self, r: &ResourceName) {
+        if self
+            .held
+            .get(r)
+            .is_some_and(|rec| rec.holders.is_empty() && rec.queue.is_empty())
+        {
+            self.held.remove(r);
+        }
     }
 
     fn tenant_waiters(&self, tenant: &str) -> u32 {
         self.held
             .iter()
             .filter(|(r, _)| r.tenant() == tenant)
-            .map(|(_, (_, q))| q.len() as u32)
+            .map(|(_, rec)| rec.queue.len() as u32)
             .sum()
     }
 
@@ -363,7 +505,7 @@ impl Model {
         req: &RequestId,
         lease: LeaseId,
         (ttl, wait): (u64, u64),
-        value: &[u8],
+        (value, mode): (&[u8], AcquireMode),
         ev: &mut Vec<Event>,
     ) -> Result<AcquireReply, LockError> {
         self.check_ttl(ttl)?;
@@ -373,6 +515,14 @@ impl Model {
                 max_ms: self.l.max_wait_timeout_ms,
             });
         }
+        if let AcquireMode::Semaphore { permits } = mode {
+            if permits == 0 || permits > MAX_HOLDERS_PER_RESOURCE {
+                return Err(LockError::InvalidPermits {
+                    permits,
+                    max: MAX_HOLDERS_PER_RESOURCE,
+                });
+            }
+        }
         self.settle(r, ev);
         if let Some(&(orig_lease, orig_ttl, state)) = self.dedup.get(&(r.clone(), req.clone())) {
             if orig_ttl != ttl {
@@ -380,10 +530,11 @@ impl Model {
                     original_ttl_ms: orig_ttl,
                 });
             }
-            // A retry of a live acquire attaches as its next attempt.
+            // A retry of a live acquire attaches as its next attempt,
+            // whatever mode it names.
             let (status, attempt) = match state {
                 MDedup::Waiting => {
-                    let q = &mut self.held.get_mut(r).unwrap().1;
+                    let q = &mut self.held.get_mut(r).unwrap().queue;
                     let i = q.iter().position(|w| w.lease == orig_lease).unwrap();
                     q[i].attempt += 1;
                     let status = AcquireStatus::Queued {
@@ -393,14 +544,22 @@ impl Model {
                     (status, q[i].attempt)
                 }
                 MDedup::Held(token) => {
-                    let h = &mut self.held.get_mut(r).unwrap().0;
+                    let now = self.clock;
+                    let h = self
+                        .held
+                        .get_mut(r)
+                        .unwrap()
+                        .holders
+                        .iter_mut()
+                        .find(|h| h.lease == orig_lease)
+                        .unwrap();
                     h.attempt += 1;
                     // The retry's sender may count only on what is left
                     // of the lease's stamped time.
                     let status = AcquireStatus::Held {
                         token,
                         expires_at_ms: h.expires,
-                        lease_ttl_ms: h.stamped.saturating_sub(self.clock),
+                        lease_ttl_ms: h.stamped.saturating_sub(now),
                     };
                     (status, h.attempt)
                 }
@@ -420,65 +579,51 @@ impl Model {
             });
         }
         let now = self.clock;
-        let status = if let Some((h, q)) = self.held.get(r) {
-            if h.lease == lease || q.iter().any(|w| w.lease == lease) {
-                return Err(LockError::LeaseIdCollision);
+        let grant_now = match self.held.get(r) {
+            None => {
+                if self.held.len() >= self.l.max_records as usize {
+                    return Err(LockError::TableFull {
+                        limit: self.l.max_records,
+                    });
+                }
+                true
             }
-            if wait == 0 {
-                return Err(LockError::LockHeld {
-                    holder_expires_at_ms: h.expires,
-                    queue_len: q.len() as u32,
-                });
+            Some(rec) => {
+                if rec.kind() != kind(mode) {
+                    return Err(LockError::ModeMismatch {
+                        permits: rec.kind(),
+                    });
+                }
+                if rec.holders.iter().any(|h| h.lease == lease)
+                    || rec.queue.iter().any(|w| w.lease == lease)
+                {
+                    return Err(LockError::LeaseIdCollision);
+                }
+                // FIFO across modes: nobody is granted past a waiter.
+                rec.queue.is_empty() && fits(mode, &rec.modes())
             }
-            if q.len() as u32 >= self.l.max_waiters_per_resource {
-                return Err(LockError::QueueFull {
-                    limit: self.l.max_waiters_per_resource,
-                });
-            }
-            if self.tenant_waiters(r.tenant()) >= self.l.max_waiters_per_tenant {
-                return Err(LockError::TenantWaitersExceeded {
-                    limit: self.l.max_waiters_per_tenant,
-                });
-            }
-            let deadline = now + wait;
-            let q = &mut self.held.get_mut(r).unwrap().1;
-            q.push_back(MWaiter {
-                lease,
-                req: req.clone(),
-                ttl,
-                deadline,
-                attempt: FIRST_ATTEMPT,
-                value: value.to_vec(),
-            });
-            let position = q.len() as u32;
-            self.dedup
-                .insert((r.clone(), req.clone()), (lease, ttl, MDedup::Waiting));
-            AcquireStatus::Queued {
-                position,
-                wait_deadline_ms: deadline,
-            }
-        } else {
-            if self.held.len() >= self.l.max_records as usize {
-                return Err(LockError::TableFull {
-                    limit: self.l.max_records,
-                });
-            }
+        };
+        let status = if grant_now {
             let token = self
                 .mint(token::POSITION_SOFT_LIMIT)
                 .ok_or(LockError::TokenSpaceExhausted { epoch: self.epoch })?;
             let expires = now + ttl;
-            let h = MHolder {
-                lease,
-                req: req.clone(),
-                token,
-                granted: now,
-                ttl,
-                stamped: expires,
-                expires,
-                attempt: FIRST_ATTEMPT,
-                value: value.to_vec(),
-            };
-            self.held.insert(r.clone(), (h, VecDeque::new()));
+            self.held
+                .entry(r.clone())
+                .or_default()
+                .holders
+                .push(MHolder {
+                    lease,
+                    req: req.clone(),
+                    token,
+                    granted: now,
+                    ttl,
+                    stamped: expires,
+                    expires,
+                    attempt: FIRST_ATTEMPT,
+                    value: value.to_vec(),
+                    mode,
+                });
             self.dedup
                 .insert((r.clone(), req.clone()), (lease, ttl, MDedup::Held(token)));
             ev.push(Event::Granted {
@@ -494,6 +639,50 @@ impl Model {
                 token,
                 expires_at_ms: expires,
                 lease_ttl_ms: ttl,
+            }
+        } else {
+            let rec = &self.held[r];
+            if wait == 0 {
+                // An exclusive acquire waits for the last holder to leave,
+                // a shared or semaphore one for the first.
+                let expiries = rec.holders.iter().map(|h| h.expires);
+                let holder_expires_at_ms = match mode {
+                    AcquireMode::Exclusive => expiries.max(),
+                    _ => expiries.min(),
+                }
+                .expect("a record with waiters has holders");
+                return Err(LockError::LockHeld {
+                    holder_expires_at_ms,
+                    queue_len: rec.queue.len() as u32,
+                });
+            }
+            if rec.queue.len() as u32 >= self.l.max_waiters_per_resource {
+                return Err(LockError::QueueFull {
+                    limit: self.l.max_waiters_per_resource,
+                });
+            }
+            if self.tenant_waiters(r.tenant()) >= self.l.max_waiters_per_tenant {
+                return Err(LockError::TenantWaitersExceeded {
+                    limit: self.l.max_waiters_per_tenant,
+                });
+            }
+            let deadline = now + wait;
+            let q = &mut self.held.get_mut(r).unwrap().queue;
+            q.push_back(MWaiter {
+                lease,
+                req: req.clone(),
+                ttl,
+                deadline,
+                attempt: FIRST_ATTEMPT,
+                value: value.to_vec(),
+                mode,
+            });
+            let position = q.len() as u32;
+            self.dedup
+                .insert((r.clone(), req.clone()), (lease, ttl, MDedup::Waiting));
+            AcquireStatus::Queued {
+                position,
+                wait_deadline_ms: deadline,
             }
         };
         Ok(AcquireReply {
@@ -514,12 +703,13 @@ impl Model {
         self.settle(r, ev);
         let now = self.clock;
         let max_hold = self.l.max_hold_ms;
-        let Some((h, _)) = self.held.get(r) else {
+        let Some(h) = self
+            .held
+            .get(r)
+            .and_then(|rec| rec.holders.iter().find(|h| h.lease == lease))
+        else {
             return Err(LockError::LeaseNotHeld);
         };
-        if h.lease != lease {
-            return Err(LockError::LeaseNotHeld);
-        }
         let ttl = if ttl == 0 { h.ttl } else { ttl };
         self.check_ttl(ttl)?;
         if now >= h.granted + max_hold {
@@ -528,7 +718,14 @@ impl Model {
                 granted_at_ms: h.granted,
             });
         }
-        let h = &mut self.held.get_mut(r).unwrap().0;
+        let h = self
+            .held
+            .get_mut(r)
+            .unwrap()
+            .holders
+            .iter_mut()
+            .find(|h| h.lease == lease)
+            .unwrap();
         let want = (now + ttl).min(h.granted + max_hold);
         h.expires = h.expires.max(want);
         h.stamped = h.stamped.max(want);
@@ -542,6 +739,9 @@ impl Model {
         })
     }
 
+    /// Ends the holding or the wait of `lease` on `r` (other holders are
+    /// untouched), then grants the queue if a holder or the head waiter
+    /// left.
     fn end(
         &mut self,
         r: &ResourceName,
@@ -550,15 +750,17 @@ impl Model {
         ev: &mut Vec<Event>,
     ) -> bool {
         self.settle(r, ev);
-        let Some((h, q)) = self.held.get_mut(r) else {
+        let Some(rec) = self.held.get_mut(r) else {
             return false;
         };
-        if h.lease == lease {
-            self.end_holder(r, how, ev);
+        if let Some(i) = rec.holders.iter().position(|h| h.lease == lease) {
+            let h = rec.holders.remove(i);
+            self.ended_holder(r, h, how, ev);
+            self.grant_queue(r, ev);
             return true;
         }
-        if let Some(i) = q.iter().position(|w| w.lease == lease) {
-            let w = q.remove(i).unwrap();
+        if let Some(i) = rec.queue.iter().position(|w| w.lease == lease) {
+            let w = rec.queue.remove(i).unwrap();
             let forget = self.clock + self.l.dedup_retention_ms;
             self.set_end(r, &w.req, MDedup::WaitEnded(WaitEnd::Cancelled, forget));
             ev.push(Event::WaitEnded {
@@ -567,6 +769,10 @@ impl Model {
                 request_id: w.req,
                 ended: WaitEnd::Cancelled,
             });
+            if i == 0 {
+                self.grant_queue(r, ev);
+            }
+            self.drop_if_empty(r);
             return true;
         }
         false
@@ -575,32 +781,48 @@ impl Model {
     fn tick(&mut self, ev: &mut Vec<Event>) -> TickReport {
         let now = self.clock;
         let mut rep = TickReport::default();
-        // Leases first, oldest expiry first; then waiters by deadline; then dedup.
-        let mut due: Vec<(u64, ResourceName)> = self
+        // Leases first, by (expiry, resource, lease id), each followed by
+        // its resource's queue grants; then waiters by deadline; then dedup.
+        let mut due: Vec<(u64, ResourceName, LeaseId)> = self
             .held
             .iter()
-            .filter(|(_, (h, _))| h.expires <= now)
-            .map(|(r, (h, _))| (h.expires, r.clone()))
+            .flat_map(|(r, rec)| {
+                rec.holders
+                    .iter()
+                    .filter(|h| h.expires <= now)
+                    .map(move |h| (h.expires, r.clone(), h.lease))
+            })
             .collect();
         due.sort();
-        for (_, r) in due {
-            self.end_holder(&r, LeaseEnd::Expired, ev);
+        for (_, r, lease) in due {
+            let rec = self.held.get_mut(&r).unwrap();
+            let i = rec.holders.iter().position(|h| h.lease == lease).unwrap();
+            let h = rec.holders.remove(i);
+            self.ended_holder(&r, h, LeaseEnd::Expired, ev);
             rep.leases_expired += 1;
+            self.grant_queue(&r, ev);
         }
         let mut waits: Vec<(u64, ResourceName, LeaseId)> = self
             .held
             .iter()
-            .flat_map(|(r, (_, q))| {
-                q.iter()
+            .flat_map(|(r, rec)| {
+                rec.queue
+                    .iter()
                     .filter(|w| w.deadline <= now)
                     .map(move |w| (w.deadline, r.clone(), w.lease))
             })
             .collect();
         waits.sort();
         for (_, r, lease) in waits {
-            let q = &mut self.held.get_mut(&r).unwrap().1;
-            let i = q.iter().position(|w| w.lease == lease).unwrap();
-            let w = q.remove(i).unwrap();
+            // An earlier removal's grants may have ended it already.
+            let Some(i) = self
+                .held
+                .get(&r)
+                .and_then(|rec| rec.queue.iter().position(|w| w.lease == lease))
+            else {
+                continue;
+            };
+            let w = self.held.get_mut(&r).unwrap().queue.remove(i).unwrap();
             self.set_end(
                 &r,
                 &w.req,
@@ -613,6 +835,10 @@ impl Model {
                 ended: WaitEnd::TimedOut,
             });
             rep.waiters_timed_out += 1;
+            if i == 0 {
+                self.grant_queue(&r, ev);
+            }
+            self.drop_if_empty(&r);
         }
         let before = self.dedup.len();
         self.dedup.retain(|_, (_, _, s)| match s {
@@ -628,7 +854,6 @@ impl Model {
 
 #[derive(Clone, Debug)]
 enum Op {
-    /// Acquire; `dup` retries an earlier acquire verbatim instead.
     Acquire {
         res: usize,
         req: u8,
@@ -637,9 +862,12 @@ enum Op {
         wait: usize,
         /// Index into `VALUES` (0: none).
         value: usize,
+        mode: AcquireMode,
     },
+    /// Retries an earlier acquire verbatim, or naming another mode.
     Retry {
         pick: usize,
+        mode: Option<AcquireMode>,
     },
     Renew {
         res: usize,
@@ -692,11 +920,55 @@ fn values() -> [Vec<u8>; 4] {
     ]
 }
 
+/// Every valid mode the ops use, and the two invalid permit counts.
+const MODES: [AcquireMode; 7] = [
+    AcquireMode::Exclusive,
+    AcquireMode::Shared,
+    AcquireMode::Semaphore { permits: 1 },
+    AcquireMode::Semaphore { permits: 2 },
+    AcquireMode::Semaphore { permits: 3 },
+    AcquireMode::Semaphore { permits: 0 },
+    AcquireMode::Semaphore {
+        permits: MAX_HOLDERS_PER_RESOURCE + 1,
+    },
+];
+
+/// An acquire's mode from a roll in 0..100. Each resource mostly sees one
+/// kind, so that shared hand-offs, full semaphores and mixed queues build
+/// up: `acme/a` exclusive (as before modes), `acme/b` a lock taken shared
+/// and exclusive, `acme/c` a semaphore of 2, `zeta/a` mostly exclusive,
+/// sometimes a semaphore of 1 or 3 (kinds clash there, and change as its
+/// record ends). Some rolls take any mode, a few an invalid permit count.
+fn mode_of(res: usize, roll: u8) -> AcquireMode {
+    use AcquireMode::*;
+    match roll {
+        0..=2 => MODES[5],
+        3..=5 => MODES[6],
+        6..=20 => [MODES[0], MODES[0], MODES[1], MODES[2], MODES[3], MODES[4]][roll as usize % 6],
+        _ => match res {
+            0 => Exclusive,
+            1 if roll % 5 < 3 => Shared,
+            1 => Exclusive,
+            2 => Semaphore { permits: 2 },
+            _ => [
+                Exclusive,
+                Exclusive,
+                Exclusive,
+                Exclusive,
+                Exclusive,
+                Exclusive,
+                Semaphore { permits: 3 },
+                Semaphore { permits: 1 },
+            ][roll as usize % 8],
+        },
+    }
+}
+
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        6 => (0..4usize, 0..6u8, 0..40u8, 0..5usize, 0..5usize, prop_oneof![2 => Just(0usize), 1 => 1..4usize]).prop_map(|(res, req, lease, ttl, wait, value)| Op::Acquire { res, req, lease, ttl, wait, value }),
+        6 => (0..4usize, 0..6u8, 0..40u8, 0..5usize, 0..5usize, prop_oneof![2 => Just(0usize), 1 => 1..4usize], 0..100u8).prop_map(|(res, req, lease, ttl, wait, value, roll)| Op::Acquire { res, req, lease, ttl, wait, value, mode: mode_of(res, roll) }),
         2 => (0..4usize, any::<usize>(), 0..4usize).prop_map(|(res, pick, value)| Op::Proclaim { res, pick, value }),
-        2 => any::<usize>().prop_map(|pick| Op::Retry { pick }),
+        2 => (any::<usize>(), prop_oneof![3 => Just(None), 1 => (0..MODES.len()).prop_map(|i| Some(MODES[i]))]).prop_map(|(pick, mode)| Op::Retry { pick, mode }),
         3 => (0..4usize, any::<usize>(), 0..5usize).prop_map(|(res, pick, ttl)| Op::Renew { res, pick, ttl }),
         1 => prop::collection::vec((0..4usize, any::<usize>()), 0..4).prop_map(|picks| Op::RenewBatch { picks }),
         3 => (0..4usize, any::<usize>()).prop_map(|(res, pick)| Op::Release { res, pick }),
@@ -712,7 +984,34 @@ fn op() -> impl Strategy<Value = Op> {
 /// One step: the op, how far time moves (may go back), and whether the
 /// command shares the previous entry's log index (coalesced proposals).
 fn step() -> impl Strategy<Value = (Op, i64, bool)> {
-    (op(), -3_000i64..9_000, prop::bool::weighted(0.15))
+    prop_oneof![
+        9 => (op(), -3_000i64..9_000, prop::bool::weighted(0.15)),
+        2 => (crowd(), 0i64..1_000, prop::bool::weighted(0.15)),
+    ]
+}
+
+/// Valid acquires crowding the shared lock and the semaphore, close
+/// together in time, so that their queues fill: shared hand-offs, exclusive
+/// waiters between shared ones, semaphores granting as permits free up.
+fn crowd() -> impl Strategy<Value = Op> {
+    (
+        prop_oneof![2 => Just(1usize), 1 => Just(2usize)],
+        0..6u8,
+        0..40u8,
+        1..3usize,
+        2..4usize,
+        prop_oneof![2 => Just(0usize), 1 => 1..4usize],
+        0..100u8,
+    )
+        .prop_map(|(res, req, lease, ttl, wait, value, roll)| Op::Acquire {
+            res,
+            req,
+            lease,
+            ttl,
+            wait,
+            value,
+            mode: mode_of(res, roll),
+        })
 }
 
 // ------------------------------------------------ properties on outputs only
@@ -722,13 +1021,15 @@ fn step() -> impl Strategy<Value = (Op, i64, bool)> {
 struct Observer {
     /// The shard's clock (the highest leader stamp applied so far).
     clock_ms: u64,
-    /// Per resource, the lease a reply or grant told its holder it holds,
-    /// and until when (clock at the answer + the TTL answered): the holder's
-    /// stop-by can be no later, since it sent the request before the apply.
-    promised_until: BTreeMap<ResourceName, (LeaseId, u64)>,
-    holder: BTreeMap<ResourceName, LeaseId>,
+    /// Per holding, until when a reply or grant told its holder it may work
+    /// (clock at the answer + the TTL answered): the holder's stop-by can be
+    /// no later, since it sent the request before the apply.
+    promised_until: BTreeMap<(ResourceName, LeaseId), u64>,
+    /// Per resource, its holdings in grant order: lease, mode, token.
+    holders: BTreeMap<ResourceName, Vec<(LeaseId, AcquireMode, FencingToken)>>,
     highest_token: BTreeMap<ResourceName, FencingToken>,
-    queue: BTreeMap<ResourceName, Vec<LeaseId>>,
+    /// Per resource, its waiters in queue order, with their modes.
+    queue: BTreeMap<ResourceName, Vec<(LeaseId, AcquireMode)>>,
     first_outcome: BTreeMap<(ResourceName, RequestId), (LeaseId, Option<FencingToken>)>,
 }
 
@@ -739,12 +1040,33 @@ impl Observer {
         let until = self.clock_ms + ttl_ms;
         let entry = self
             .promised_until
-            .entry(resource.clone())
-            .or_insert((lease_id, until));
-        if entry.0 != lease_id {
-            *entry = (lease_id, until);
-        }
-        entry.1 = entry.1.max(until);
+            .entry((resource.clone(), lease_id))
+            .or_insert(until);
+        *entry = (*entry).max(until);
+    }
+
+    fn holds(&self, resource: &ResourceName, lease_id: &LeaseId) -> bool {
+        self.holders
+            .get(resource)
+            .is_some_and(|hs| hs.iter().any(|h| h.0 == *lease_id))
+    }
+
+    fn holder_modes(&self, resource: &ResourceName) -> Vec<AcquireMode> {
+        self.holders
+            .get(resource)
+            .map(|hs| hs.iter().map(|h| h.1).collect())
+            .unwrap_or_default()
+    }
+
+    /// The kind the resource is in use as, if it has holders or waiters.
+    fn kind_of(&self, resource: &ResourceName) -> Option<u32> {
+        let holder = self.holders.get(resource).and_then(|hs| hs.first());
+        let waiter = self.queue.get(resource).and_then(|q| q.first());
+        holder.map(|h| h.1).or(waiter.map(|w| w.1)).map(kind)
+    }
+
+    fn queue_len(&self, resource: &ResourceName) -> usize {
+        self.queue.get(resource).map_or(0, Vec::len)
     }
 
     fn check(&mut self, cmd: &Command, out: &Outcome, clock_ms: u64) -> Result<(), TestCaseError> {
@@ -760,13 +1082,7 @@ impl Observer {
                     ..
                 } => {
                     self.promise(resource, *lease_id, *lease_ttl_ms);
-                    // Invariant 1: only one holder at a time.
-                    prop_assert!(
-                        !self.holder.contains_key(resource),
-                        "second holder for {}",
-                        resource
-                    );
-                    // Invariant 2: strictly larger token.
+                    // Tokens strictly rise per resource, across all grants.
                     let prev = self
                         .highest_token
                         .get(resource)
@@ -780,25 +1096,92 @@ impl Observer {
                         resource
                     );
                     self.highest_token.insert(resource.clone(), *token);
-                    self.holder.insert(resource.clone(), *lease_id);
-                    if *from_queue {
+                    let kind_before = self.kind_of(resource);
+                    let mode = if *from_queue {
                         // FIFO: the head of the queue (after removals) wins.
                         let q = self.queue.entry(resource.clone()).or_default();
-                        prop_assert_eq!(q.first(), Some(lease_id), "grant out of FIFO order");
-                        q.remove(0);
+                        prop_assert_eq!(
+                            q.first().map(|w| w.0),
+                            Some(*lease_id),
+                            "grant out of FIFO order"
+                        );
+                        q.remove(0).1
+                    } else {
+                        // A direct grant answers the acquire being applied,
+                        // and never passes a waiter.
+                        let mode = match cmd {
+                            Command::Acquire {
+                                resource: r,
+                                lease_id: l,
+                                mode,
+                                ..
+                            } if r == resource && l == lease_id => *mode,
+                            _ => {
+                                return Err(TestCaseError::fail(format!(
+                                    "direct grant of {lease_id:?} on {resource} by {cmd:?}"
+                                )))
+                            }
+                        };
+                        prop_assert!(
+                            self.queue_len(resource) == 0,
+                            "direct grant on {} past a waiter",
+                            resource
+                        );
+                        mode
+                    };
+                    // One kind per resource while it has holders or waiters.
+                    prop_assert!(
+                        kind_before.is_none_or(|k| k == kind(mode)),
+                        "{:?} granted on {} in use as kind {:?}",
+                        mode,
+                        resource,
+                        kind_before
+                    );
+                    let hs = self.holders.entry(resource.clone()).or_default();
+                    prop_assert!(
+                        !hs.iter().any(|h| h.0 == *lease_id),
+                        "{:?} holds {} twice",
+                        lease_id,
+                        resource
+                    );
+                    hs.push((*lease_id, mode, *token));
+                    match mode {
+                        // A lock: never an exclusive holder beside another.
+                        AcquireMode::Exclusive | AcquireMode::Shared => prop_assert!(
+                            hs.len() == 1 || hs.iter().all(|h| h.1 == AcquireMode::Shared),
+                            "exclusive holder beside another on {}: {:?}",
+                            resource,
+                            hs
+                        ),
+                        // A semaphore: never more holders than permits.
+                        AcquireMode::Semaphore { permits } => prop_assert!(
+                            hs.len() <= permits as usize,
+                            "semaphore {} of {} permits has {} holders",
+                            resource,
+                            permits,
+                            hs.len()
+                        ),
                     }
                 }
                 Event::LeaseEnded {
                     resource,
                     lease_id,
                     ended,
-                    ..
+                    token,
                 } => {
-                    prop_assert_eq!(self.holder.remove(resource), Some(*lease_id));
+                    let hs = self.holders.entry(resource.clone()).or_default();
+                    let i = hs.iter().position(|h| h.0 == *lease_id);
+                    prop_assert!(i.is_some(), "lease ended on {} without holding", resource);
+                    let (_, _, held_token) = hs.remove(i.unwrap());
+                    prop_assert_eq!(held_token, *token);
+                    if hs.is_empty() {
+                        self.holders.remove(resource);
+                    }
                     // Leases time out only after every deadline their holder
                     // was given: else the next holder overlaps the old one.
-                    if let Some((promised, until)) = self.promised_until.remove(resource) {
-                        if *ended == LeaseEnd::Expired && promised == *lease_id {
+                    if let Some(until) = self.promised_until.remove(&(resource.clone(), *lease_id))
+                    {
+                        if *ended == LeaseEnd::Expired {
                             prop_assert!(
                                 self.clock_ms >= until,
                                 "{} expired at {} but its holder was told it may work until {}",
@@ -813,26 +1196,30 @@ impl Observer {
                     resource, lease_id, ..
                 } => {
                     let q = self.queue.entry(resource.clone()).or_default();
-                    let i = q.iter().position(|l| l == lease_id);
+                    let i = q.iter().position(|w| w.0 == *lease_id);
                     prop_assert!(i.is_some(), "wait ended for a lease not queued");
                     q.remove(i.unwrap());
                 }
                 Event::WaitMoved { .. } => prop_assert!(false, "no migration in the model"),
-                // Only the lease that holds now publishes, under its own
+                // Only a lease that holds now publishes, under its own
                 // token.
                 Event::ValueChanged {
                     resource,
                     lease_id,
                     token,
                 } => {
-                    prop_assert_eq!(self.holder.get(resource), Some(lease_id));
-                    prop_assert_eq!(self.highest_token.get(resource), Some(token));
+                    prop_assert!(
+                        self.holders
+                            .get(resource)
+                            .is_some_and(|hs| hs.iter().any(|h| h.0 == *lease_id && h.2 == *token)),
+                        "value changed by a non-holder"
+                    );
                 }
             }
         }
-        // Only the current lease renews or releases; a stale one changes
-        // nothing. (Events were folded in above, so a waiter that the command
-        // itself promoted is already the holder here.)
+        // Only a current holding's lease renews or releases; a stale one
+        // changes nothing. (Events were folded in above, so a waiter that
+        // the command itself promoted is already a holder here.)
         match (cmd, &out.reply) {
             (
                 Command::Renew {
@@ -840,7 +1227,7 @@ impl Observer {
                 },
                 result,
             ) => {
-                let holds = self.holder.get(resource) == Some(lease_id);
+                let holds = self.holds(resource, lease_id);
                 match result {
                     Ok(Reply::Renewed(r)) => {
                         prop_assert!(holds, "renew by a non-holder succeeded");
@@ -857,7 +1244,7 @@ impl Observer {
                 prop_assert_eq!(items.len(), results.len());
                 for (item, result) in items.iter().zip(results) {
                     if let Ok(renewed) = result {
-                        prop_assert_eq!(self.holder.get(&item.resource), Some(&item.lease_id));
+                        prop_assert!(self.holds(&item.resource, &item.lease_id));
                         self.promise(&item.resource, item.lease_id, renewed.lease_ttl_ms);
                     }
                 }
@@ -895,10 +1282,34 @@ impl Observer {
             }
             _ => {}
         }
+        if let Command::Acquire { resource, mode, .. } = cmd {
+            let invalid = matches!(mode, AcquireMode::Semaphore { permits }
+                if *permits == 0 || *permits > MAX_HOLDERS_PER_RESOURCE);
+            match &out.reply {
+                Ok(_) => prop_assert!(!invalid, "{:?} accepted", mode),
+                Err(LockError::InvalidPermits { permits, max }) => {
+                    prop_assert!(invalid, "{:?} refused as invalid", mode);
+                    prop_assert_eq!(*permits, kind(*mode));
+                    prop_assert_eq!(*max, MAX_HOLDERS_PER_RESOURCE);
+                }
+                // Refused as another kind: the resource is in use as the
+                // kind named, and it is not the acquire's.
+                Err(LockError::ModeMismatch { permits }) => {
+                    prop_assert_eq!(self.kind_of(resource), Some(*permits));
+                    prop_assert_ne!(*permits, kind(*mode));
+                }
+                Err(LockError::LockHeld { queue_len, .. }) => {
+                    prop_assert!(self.holders.contains_key(resource), "held by nobody");
+                    prop_assert_eq!(*queue_len as usize, self.queue_len(resource));
+                }
+                Err(_) => {}
+            }
+        }
         if let (
             Command::Acquire {
                 resource,
                 request_id,
+                mode,
                 ..
             },
             Ok(Reply::Acquire(a)),
@@ -924,13 +1335,18 @@ impl Observer {
             } else {
                 self.first_outcome.insert(key, (a.lease_id, token));
                 if let AcquireStatus::Queued { position, .. } = a.status {
+                    // It waits on a resource in use as its own kind.
+                    prop_assert_eq!(self.kind_of(resource), Some(kind(*mode)));
                     let q = self.queue.entry(resource.clone()).or_default();
-                    q.push(a.lease_id);
+                    q.push((a.lease_id, *mode));
                     prop_assert_eq!(position as usize, q.len());
                 }
             }
             if let AcquireStatus::Held { lease_ttl_ms, .. } = a.status {
-                prop_assert_eq!(self.holder.get(resource), Some(&a.lease_id));
+                prop_assert!(
+                    self.holds(resource, &a.lease_id),
+                    "held reply of a non-holder"
+                );
                 self.promise(resource, a.lease_id, lease_ttl_ms);
             }
         }
@@ -951,6 +1367,21 @@ impl Observer {
                 }
             }
         }
+        // No waiter that fits is left at the head of a queue: grants happen
+        // whenever holders or the head leave.
+        for (resource, q) in &self.queue {
+            if let Some((lease_id, mode)) = q.first() {
+                prop_assert!(
+                    !fits(*mode, &self.holder_modes(resource)),
+                    "{:?} ({:?}) waits at the head of {} beside {:?}",
+                    lease_id,
+                    mode,
+                    resource,
+                    self.holders.get(resource)
+                );
+            }
+        }
+        self.queue.retain(|_, q| !q.is_empty());
         Ok(())
     }
 
@@ -1033,6 +1464,7 @@ fn run(steps: Vec<(Op, i64, bool)>) -> Result<(), TestCaseError> {
                 ttl,
                 wait,
                 value,
+                mode,
             } => {
                 let c = Command::Acquire {
                     owner: Owner::anonymous(),
@@ -1042,14 +1474,21 @@ fn run(steps: Vec<(Op, i64, bool)>) -> Result<(), TestCaseError> {
                     lease_ttl_ms: TTLS[ttl],
                     wait_timeout_ms: WAITS[wait],
                     value: HolderValue::new(values()[value].clone()).unwrap(),
+                    mode,
                 };
                 leases.push((r, LeaseId([lease; 16])));
                 acquires.push(c.clone());
                 c
             }
-            Op::Retry { pick } => match acquires.is_empty() {
+            Op::Retry { pick, mode } => match acquires.is_empty() {
                 true => Command::Tick,
-                false => acquires[pick % acquires.len()].clone(),
+                false => {
+                    let mut c = acquires[pick % acquires.len()].clone();
+                    if let (Command::Acquire { mode: m, .. }, Some(mode)) = (&mut c, mode) {
+                        *m = mode;
+                    }
+                    c
+                }
             },
             Op::Renew { res: r, pick, ttl } => Command::Renew {
                 owner: Owner::anonymous(),
@@ -1162,18 +1601,44 @@ fn run(steps: Vec<(Op, i64, bool)>) -> Result<(), TestCaseError> {
         prop_assert_eq!(restored.snapshot(), bytes);
         // The command itself survives its log encoding.
         prop_assert_eq!(Command::decode(&cmd.encode()), Ok(cmd.clone()));
-        // At most one holder: the table's view agrees with the observer.
         for r in RESOURCES {
             let r = ResourceName::parse(r).unwrap();
+            let view = table.view(&r);
+            // The table's holders are the observer's, oldest grant first,
+            // with the modes they were granted in; the top-level fields
+            // describe the oldest.
             prop_assert_eq!(
-                table.view(&r).map(|v| v.lease_id),
-                observer.holder.get(&r).copied()
+                view.as_ref().map(|v| v
+                    .holders
+                    .iter()
+                    .map(|h| (h.lease_id, h.mode, h.token))
+                    .collect::<Vec<_>>()),
+                observer.holders.get(&r).cloned()
             );
-            // What `Get` publishes is the model holder's value.
-            prop_assert_eq!(
-                table.view(&r).map(|v| v.value.as_bytes().to_vec()),
-                model.held.get(&r).map(|(h, _)| h.value.clone())
-            );
+            if let Some(v) = &view {
+                let oldest = &v.holders[0];
+                prop_assert_eq!(
+                    (
+                        v.lease_id,
+                        v.token,
+                        v.mode,
+                        v.expires_at_ms,
+                        v.granted_at_ms
+                    ),
+                    (
+                        oldest.lease_id,
+                        oldest.token,
+                        oldest.mode,
+                        oldest.expires_at_ms,
+                        oldest.granted_at_ms
+                    )
+                );
+                prop_assert_eq!(&v.value, &oldest.value);
+                prop_assert!(v.holders.windows(2).all(|w| w[0].token < w[1].token));
+                prop_assert_eq!(v.queue_len as usize, observer.queue_len(&r));
+            }
+            // What `Get` shows (values, expiries, grant times) is the model's.
+            prop_assert_eq!(view, model.view(&r));
         }
         log.push((cmd, ctx));
     }

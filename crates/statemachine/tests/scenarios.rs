@@ -122,6 +122,7 @@ fn acquire(res: &str, req: &str, lease: u8, ttl: u64, wait: u64) -> Command {
         lease_ttl_ms: ttl,
         wait_timeout_ms: wait,
         value: fencelock_statemachine::HolderValue::none(),
+        mode: fencelock_statemachine::AcquireMode::Exclusive,
     }
 }
 
@@ -1169,6 +1170,7 @@ fn acquire_as(who: &Owner, res: &str, req: &str, lease: u8, wait: u64) -> Comman
         lease_ttl_ms: 10_000,
         wait_timeout_ms: wait,
         value: fencelock_statemachine::HolderValue::none(),
+        mode: fencelock_statemachine::AcquireMode::Exclusive,
     }
 }
 

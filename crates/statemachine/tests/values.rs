@@ -98,6 +98,7 @@ fn acquire_cmd(res: &str, owner: &Owner, lease: u8, wait_ms: u64, value: &[u8]) 
         lease_ttl_ms: 10_000,
         wait_timeout_ms: wait_ms,
         value: HolderValue::new(value.to_vec()).unwrap(),
+        mode: fencelock_statemachine::AcquireMode::Exclusive,
     }
 }
 
@@ -219,6 +220,7 @@ fn values_past_the_limits_are_refused_with_the_bound() {
             lease_ttl_ms: 10_000,
             wait_timeout_ms: 0,
             value: HolderValue::new(big.clone()).unwrap(),
+            mode: fencelock_statemachine::AcquireMode::Exclusive,
         });
         assert!(out.is_ok(), "{i}: {out:?}");
     }

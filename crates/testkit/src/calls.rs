@@ -99,6 +99,7 @@ pub fn acquire_req(resource: &str, request_id: &str, ttl_ms: u64, wait_ms: u64) 
         lease_ttl_ms: ttl_ms,
         wait_timeout_ms: wait_ms,
         value: Vec::new(),
+        ..Default::default()
     }
 }
 

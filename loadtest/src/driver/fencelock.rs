@@ -411,6 +411,7 @@ impl FencelockDriver {
             lease_ttl_ms: ttl_ms,
             wait_timeout_ms: wait_ms,
             value: Vec::new(),
+            ..Default::default()
         };
         let (response, _) = self
             .run(resource, deadline, |mut client, left| {

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 
 use super::CheckConfig;
-use crate::history::{Call, History, Operation, ProcessId};
+use crate::history::{Call, History, Mode, Operation, ProcessId};
 
 /// One answer that gave the lease time, as a client following the contract
 /// counts it: from the send of the answered call, for the TTL the answer
@@ -21,6 +21,8 @@ pub struct LeaseFacts<'h> {
     pub resource: &'h str,
     pub lease_id: &'h str,
     pub token: i64,
+    /// How its acquire asked to hold.
+    pub mode: Mode,
     pub process: ProcessId,
     /// The first ok acquire that returned this lease.
     pub grant: &'h Operation,
@@ -101,7 +103,10 @@ pub fn lease_facts<'h>(history: &'h History, config: &CheckConfig) -> Vec<LeaseF
     for op in &history.ops {
         let (
             Call::Acquire {
-                ttl_ms, request_id, ..
+                ttl_ms,
+                request_id,
+                mode,
+                ..
             },
             Some((lease_id, token)),
         ) = (&op.call, op.grant())
@@ -116,6 +121,7 @@ pub fn lease_facts<'h>(history: &'h History, config: &CheckConfig) -> Vec<LeaseF
                 resource,
                 lease_id,
                 token,
+                mode: *mode,
                 process: op.process,
                 grant: op,
                 sent_ns,

@@ -3,7 +3,7 @@
 //! | checker | property |
 //! |---|---|
 //! | [`fence`] | the fenced resource never accepts a token lower than one it accepted; its reads return the last accepted write |
-//! | [`windows`] | no two holders' validity windows overlap; no acknowledged grant is lost before its lease could end |
+//! | [`windows`] | no two holders' validity windows overlap beyond what their modes allow (shared beside shared, N holders of a semaphore of N, never an exclusive beside another); no acknowledged grant is lost before its lease could end |
 //! | [`tokens`] | tokens are unique and strictly increase per resource in real-time order, also against `Get`'s `last_token` |
 //! | [`dedup`] | one `requestId` is applied at most once |
 //! | [`fifo`] | waiters certainly queued earlier are granted earlier |
@@ -188,7 +188,7 @@ pub fn check_all(history: &History, config: &CheckConfig) -> Vec<Verdict> {
 /// Test helpers: build histories by hand, compactly.
 #[cfg(test)]
 pub(crate) mod build {
-    use crate::history::{Call, Event, History, Phase, ProcessId, Reply};
+    use crate::history::{Call, Event, History, Mode, Phase, ProcessId, Reply};
 
     /// Milliseconds as the nanosecond timestamps histories carry.
     pub const MS: u64 = 1_000_000;
@@ -264,11 +264,16 @@ pub(crate) mod build {
     }
 
     pub fn acquire(r: &str, req: &str, ttl_ms: u64, wait_ms: u64) -> Call {
+        acquire_in(r, req, ttl_ms, wait_ms, Mode::Exclusive)
+    }
+
+    pub fn acquire_in(r: &str, req: &str, ttl_ms: u64, wait_ms: u64, mode: Mode) -> Call {
         Call::Acquire {
             resource: r.into(),
             request_id: req.into(),
             ttl_ms,
             wait_ms,
+            mode,
         }
     }
 

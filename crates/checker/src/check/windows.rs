@@ -1,4 +1,6 @@
-//! Lock safety on the lock side: validity windows never overlap, and no
+//! Lock safety on the lock side: validity windows never overlap (beyond
+//! what the modes allow: shared holders beside each other, up to N holders
+//! of a semaphore of N, never an exclusive holder beside any other), and no
 //! acknowledged grant is lost.
 //!
 //! A holder's **validity window** runs from when it learned of the grant
@@ -51,33 +53,62 @@ pub fn check(history: &History, config: &CheckConfig) -> Verdict {
     }
     for (resource, mut leases) in by_resource {
         leases.sort_by_key(|l| l.window_start_ns());
-        let mut longest: Option<&LeaseFacts> = None;
+        // The windows still open at the current start, in start order.
+        let mut open: Vec<&LeaseFacts> = Vec::new();
         for lease in leases {
             if lease.window_end_ns <= lease.window_start_ns() {
                 continue;
             }
-            if let Some(earlier) = longest {
-                if lease.window_start_ns() < earlier.window_end_ns {
-                    verdict.fail(format!(
-                        "{resource}: lease {} (token {}) held from {} ns while lease {} (token {}) was valid until {} ns",
-                        lease.lease_id,
-                        lease.token,
-                        lease.window_start_ns(),
-                        earlier.lease_id,
-                        earlier.token,
-                        earlier.window_end_ns
-                    ));
-                }
+            open.retain(|o| o.window_end_ns > lease.window_start_ns());
+            if let Some(problem) = overlap_problem(lease, &open) {
+                verdict.fail(format!("{resource}: {problem}"));
             }
-            if longest.is_none_or(|l| lease.window_end_ns > l.window_end_ns) {
-                longest = Some(lease);
-            }
+            open.push(lease);
         }
     }
     for lease in &leases {
         check_not_lost(lease, config, &mut verdict);
     }
     verdict
+}
+
+/// What is wrong with `lease`'s window opening while the `open` ones are
+/// still valid, if anything: an exclusive holder beside any other, holders
+/// of different kinds (a lock's and a semaphore's, or two permit counts)
+/// at once, or more holders than a semaphore's permits.
+fn overlap_problem(lease: &LeaseFacts, open: &[&LeaseFacts]) -> Option<String> {
+    let clash = |other: &LeaseFacts| {
+        format!(
+            "lease {} (token {}, {:?}) held from {} ns while lease {} (token {}, {:?}) was valid until {} ns",
+            lease.lease_id,
+            lease.token,
+            lease.mode,
+            lease.window_start_ns(),
+            other.lease_id,
+            other.token,
+            other.mode,
+            other.window_end_ns
+        )
+    };
+    let first = open.first()?;
+    if lease.mode.is_exclusive() {
+        return Some(clash(first));
+    }
+    if let Some(other) = open.iter().find(|o| o.mode.is_exclusive()) {
+        return Some(clash(other));
+    }
+    if let Some(other) = open.iter().find(|o| o.mode != lease.mode) {
+        return Some(format!("kinds mixed: {}", clash(other)));
+    }
+    let holders = open.len() + 1;
+    if holders > lease.mode.max_holders() {
+        return Some(format!(
+            "{holders} holders of a {:?} at once: {}",
+            lease.mode,
+            clash(first)
+        ));
+    }
+    None
 }
 
 fn check_not_lost(lease: &LeaseFacts, config: &CheckConfig, verdict: &mut Verdict) {
@@ -120,6 +151,7 @@ fn check_not_lost(lease: &LeaseFacts, config: &CheckConfig, verdict: &mut Verdic
 mod tests {
     use super::*;
     use crate::check::build::*;
+    use crate::history::Mode;
 
     const R: &str = "t/r";
 
@@ -155,6 +187,43 @@ mod tests {
         let v = check(&h, &config());
         assert!(!v.passed());
         assert!(v.problems[0].contains("lease bb"), "{v}");
+    }
+
+    #[test]
+    fn shared_holders_overlap_but_a_writer_beside_them_fails() {
+        let shared = |req| acquire_in(R, req, 1000, 0, Mode::Shared);
+        let h = Builder::default()
+            .op(1, 0, 10, shared("a"), granted("aa", 10))
+            .op(2, 20, 30, shared("b"), granted("bb", 11))
+            .build();
+        assert!(check(&h, &config()).passed());
+        let h = Builder::default()
+            .op(1, 0, 10, shared("a"), granted("aa", 10))
+            .op(2, 20, 30, acquire(R, "w", 1000, 0), granted("ww", 11))
+            .build();
+        let v = check(&h, &config());
+        assert!(!v.passed());
+        assert!(v.problems[0].contains("lease ww"), "{v}");
+    }
+
+    #[test]
+    fn a_semaphore_of_two_fails_at_its_third_holder() {
+        let permit = |req| acquire_in(R, req, 1000, 0, Mode::Semaphore(2));
+        let two = Builder::default()
+            .op(1, 0, 10, permit("a"), granted("aa", 10))
+            .op(2, 20, 30, permit("b"), granted("bb", 11))
+            .op(1, 40, 50, release(R, "aa"), released(true))
+            .op(3, 60, 70, permit("c"), granted("cc", 12))
+            .build();
+        assert!(check(&two, &config()).passed());
+        let three = Builder::default()
+            .op(1, 0, 10, permit("a"), granted("aa", 10))
+            .op(2, 20, 30, permit("b"), granted("bb", 11))
+            .op(3, 60, 70, permit("c"), granted("cc", 12))
+            .build();
+        let v = check(&three, &config());
+        assert!(!v.passed());
+        assert!(v.problems[0].contains("3 holders"), "{v}");
     }
 
     #[test]

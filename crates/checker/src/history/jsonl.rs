@@ -61,7 +61,7 @@ pub fn read_jsonl(input: impl BufRead) -> Result<Vec<Event>, JsonlError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::history::{Call, Phase, Reply};
+    use crate::history::{Call, Mode, Phase, Reply};
 
     #[test]
     fn every_event_kind_round_trips() {
@@ -74,6 +74,18 @@ mod tests {
                     request_id: "c3-1".into(),
                     ttl_ms: 2000,
                     wait_ms: 0,
+                    mode: Mode::Exclusive,
+                },
+            },
+            Event::Invoke {
+                process: 4,
+                time_ns: 110,
+                call: Call::Acquire {
+                    resource: "t/pool".into(),
+                    request_id: "c4-1".into(),
+                    ttl_ms: 2000,
+                    wait_ms: 0,
+                    mode: Mode::Semaphore(3),
                 },
             },
             Event::Ok {
@@ -145,6 +157,9 @@ mod tests {
             "{text}"
         );
         assert!(text.contains(r#""f":"acquire""#), "{text}");
+        // An exclusive acquire is written as before modes: no mode key.
+        assert!(!text.lines().next().unwrap().contains("mode"), "{text}");
+        assert!(text.contains(r#""mode":{"semaphore":3}"#), "{text}");
         assert_eq!(read_jsonl(&buf[..]).unwrap(), events);
     }
 

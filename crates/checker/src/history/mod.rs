@@ -31,11 +31,15 @@ pub type ProcessId = u64;
 #[serde(tag = "f", rename_all = "snake_case")]
 pub enum Call {
     /// `Acquire`. `request_id` is stable across the call's retries.
+    /// `mode` is left out of a line when exclusive, so such lines read as
+    /// before modes.
     Acquire {
         resource: String,
         request_id: String,
         ttl_ms: u64,
         wait_ms: u64,
+        #[serde(default, skip_serializing_if = "Mode::is_exclusive")]
+        mode: Mode,
     },
     Renew {
         resource: String,
@@ -60,6 +64,33 @@ pub enum Call {
     FenceRead {
         resource: String,
     },
+}
+
+/// How an acquire asked to hold its resource (lock.proto `AcquireMode`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Mode {
+    #[default]
+    Exclusive,
+    Shared,
+    /// One of this many permits.
+    Semaphore(u32),
+}
+
+impl Mode {
+    pub fn is_exclusive(&self) -> bool {
+        *self == Mode::Exclusive
+    }
+
+    /// How many holders of this mode may hold at once beside each other
+    /// (1 for exclusive; shared: unbounded).
+    pub fn max_holders(&self) -> usize {
+        match *self {
+            Mode::Exclusive => 1,
+            Mode::Shared => usize::MAX,
+            Mode::Semaphore(permits) => permits as usize,
+        }
+    }
 }
 
 impl Call {

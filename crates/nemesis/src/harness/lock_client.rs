@@ -15,6 +15,7 @@
 use std::time::Duration;
 
 use fencelock_api::v1::lock_service_client::LockServiceClient;
+use fencelock_api::v1::AcquireMode as WireMode;
 use fencelock_api::v1::{
     AcquireRequest, ErrorDetail, GetRequest, LeaseState, Reason, ReleaseRequest, RenewRequest,
 };
@@ -23,7 +24,7 @@ use tokio::time::Instant;
 use tonic::transport::{Channel, Endpoint};
 
 use super::recorder::Recorder;
-use crate::history::{Call, ProcessId, Reply};
+use crate::history::{Call, Mode, ProcessId, Reply};
 use crate::retry::{NO_EFFECT_REASONS, RETRIED_REASONS};
 
 /// One attempt's timeout (plus the wait, for a waiting acquire).
@@ -186,6 +187,19 @@ impl LockClient {
         ttl_ms: u64,
         wait_ms: u64,
     ) -> Option<Grant> {
+        self.acquire_in(resource, request_id, ttl_ms, wait_ms, Mode::Exclusive)
+            .await
+    }
+
+    /// An acquire in `mode` (shared, or one of a semaphore's permits).
+    pub async fn acquire_in(
+        &mut self,
+        resource: &str,
+        request_id: &str,
+        ttl_ms: u64,
+        wait_ms: u64,
+        mode: Mode,
+    ) -> Option<Grant> {
         self.recorder.invoke(
             self.process,
             Call::Acquire {
@@ -193,14 +207,22 @@ impl LockClient {
                 request_id: request_id.to_owned(),
                 ttl_ms,
                 wait_ms,
+                mode,
             },
         );
+        let (wire_mode, permits) = match mode {
+            Mode::Exclusive => (WireMode::Exclusive, 0),
+            Mode::Shared => (WireMode::Shared, 0),
+            Mode::Semaphore(permits) => (WireMode::Semaphore, permits),
+        };
         let req = AcquireRequest {
             resource: resource.to_owned(),
             request_id: request_id.as_bytes().to_vec(),
             lease_ttl_ms: ttl_ms,
             wait_timeout_ms: wait_ms,
             value: Vec::new(),
+            mode: wire_mode as i32,
+            permits,
         };
         let (ended, earlier_maybe_applied) = self
             .attempts_noting(wait_ms, |mut c| {

@@ -264,6 +264,7 @@ async fn values_probe(endpoint: &str, within: Duration, until_granted: bool) -> 
                 lease_ttl_ms: 5_000,
                 wait_timeout_ms: 0,
                 value: b"probe".to_vec(),
+                ..Default::default()
             };
             match client.acquire(request).await {
                 Ok(granted) => {

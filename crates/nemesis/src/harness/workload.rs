@@ -1,7 +1,8 @@
 //! The clients in the harness process, each a tokio task with its own
 //! process id, recording everything.
 //!
-//! * **Lock clients** pick a resource from a small set (so they contend),
+//! * **Lock clients** pick a resource from a small set (so they contend;
+//!   one is a semaphore and one a lock mostly taken shared, [`mode_of`]),
 //!   acquire it (sometimes waiting in its queue), write to the fenced
 //!   resource with the token while their stop-by deadline has not passed,
 //!   sometimes renew, read the lock, re-send the acquire's request id (a
@@ -21,7 +22,7 @@ use tokio::time::Instant;
 use super::fence_server::FenceClient;
 use super::lock_client::LockClient;
 use super::recorder::Recorder;
-use crate::history::ProcessId;
+use crate::history::{Mode, ProcessId};
 
 /// Lease TTL of the lock clients: short, so expiry happens during a run.
 pub const CLIENT_TTL_MS: u64 = 3_000;
@@ -59,6 +60,26 @@ impl Ctx {
     }
 }
 
+/// The permits of the lock clients' semaphore (their last resource).
+pub const SEMAPHORE_PERMITS: u32 = 2;
+
+/// How lock clients acquire the `i`th of `n` resources with their `n`th
+/// request: the last resource is a semaphore of [`SEMAPHORE_PERMITS`], the
+/// one before it a lock taken shared two times in three and exclusive
+/// otherwise, the rest exclusive locks (all of them with fewer than four
+/// resources). The windows checker holds each to what its mode allows.
+pub fn mode_of(i: usize, n: usize, request: u64) -> Mode {
+    if n < 4 || i + 2 < n {
+        Mode::Exclusive
+    } else if i + 1 == n {
+        Mode::Semaphore(SEMAPHORE_PERMITS)
+    } else if request.is_multiple_of(3) {
+        Mode::Exclusive
+    } else {
+        Mode::Shared
+    }
+}
+
 /// One lock client until `ctx.stop`.
 pub async fn lock_client(ctx: Ctx, process: ProcessId, resources: Vec<String>, seed: u64) {
     let mut rng = StdRng::seed_from_u64(seed ^ process.wrapping_mul(0x9e37_79b9_7f4a_7c15));
@@ -67,7 +88,9 @@ pub async fn lock_client(ctx: Ctx, process: ProcessId, resources: Vec<String>, s
     let mut n = 0u64;
     while !ctx.stopped() {
         n += 1;
-        let resource = &resources[rng.random_range(0..resources.len())];
+        let index = rng.random_range(0..resources.len());
+        let resource = &resources[index];
+        let mode = mode_of(index, resources.len(), n);
         if rng.random_ratio(1, 8) {
             lock.get(resource).await;
             continue;
@@ -80,7 +103,7 @@ pub async fn lock_client(ctx: Ctx, process: ProcessId, resources: Vec<String>, s
         };
         let sent = Instant::now();
         let Some(grant) = lock
-            .acquire(resource, &request_id, CLIENT_TTL_MS, wait_ms)
+            .acquire_in(resource, &request_id, CLIENT_TTL_MS, wait_ms, mode)
             .await
         else {
             tokio::time::sleep(Duration::from_millis(rng.random_range(20..200))).await;
@@ -97,9 +120,13 @@ pub async fn lock_client(ctx: Ctx, process: ProcessId, resources: Vec<String>, s
             if Instant::now() >= stop_by {
                 break;
             }
-            fence
-                .write(resource, grant.token, &format!("c{process}-{n}-{i}"))
-                .await;
+            // Only an exclusive holder writes: the fenced resource orders
+            // one writer's tokens (docs/fencing.md).
+            if mode.is_exclusive() {
+                fence
+                    .write(resource, grant.token, &format!("c{process}-{n}-{i}"))
+                    .await;
+            }
             tokio::time::sleep(Duration::from_millis(rng.random_range(10..120))).await;
             if rng.random_ratio(1, 3) {
                 let sent = Instant::now();
@@ -115,7 +142,7 @@ pub async fn lock_client(ctx: Ctx, process: ProcessId, resources: Vec<String>, s
         if rng.random_ratio(1, 8) {
             // A lost reply retried: the same request id must return the
             // same lease (the dedup checker verifies it).
-            lock.acquire(resource, &request_id, CLIENT_TTL_MS, wait_ms)
+            lock.acquire_in(resource, &request_id, CLIENT_TTL_MS, wait_ms, mode)
                 .await;
         }
         lock.release(resource, &grant.lease_id).await;

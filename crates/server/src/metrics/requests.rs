@@ -113,7 +113,8 @@ impl Outcome {
             | LeaseIdCollision
             | WaitCancelled
             | TenantQuotaExceeded
-            | ValuesFull => Outcome::Conflict,
+            | ValuesFull
+            | ModeMismatch => Outcome::Conflict,
             WaitTimedOut => Outcome::Timeout,
             NotLeader | LeaderUnknown | NoQuorum | LeaderNotReady | ShuttingDown | ServerBusy
             | EpochNotMatch | ShardNotFound | TokenSpaceExhausted | DedupTableFull | TableFull
@@ -132,6 +133,7 @@ impl Outcome {
             | PlacementConflict
             | ValueTooLarge
             | FeatureNotEnabled
+            | InvalidPermits
             | PermissionDenied => Outcome::Invalid,
             Internal | Unspecified => Outcome::Error,
         }

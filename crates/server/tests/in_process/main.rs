@@ -15,6 +15,7 @@ mod config;
 mod epochs;
 mod errors;
 mod hostile;
+mod modes;
 mod repair;
 mod sharding;
 mod transport;

@@ -284,6 +284,7 @@ async fn stale_route_after_a_migration_is_refused_then_served_by_the_new_owner_o
                 lease_ttl_ms: 60_000,
                 wait_timeout_ms: 0,
                 value: fencelock_statemachine::HolderValue::none(),
+                mode: fencelock_statemachine::AcquireMode::Exclusive,
             },
         )
         .await;

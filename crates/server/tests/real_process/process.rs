@@ -99,6 +99,7 @@ async fn kill_9_of_the_leader_under_load_loses_no_acknowledged_grant() {
                 lease_ttl_ms: 120_000,
                 wait_timeout_ms: 0,
                 value: Vec::new(),
+                ..Default::default()
             };
             let r = call(&stream_endpoints, Duration::from_secs(10), |mut c| {
                 let req = req.clone();

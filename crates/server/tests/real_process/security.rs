@@ -100,6 +100,7 @@ fn acquire_req(resource: &str, request_id: &str, wait_ms: u64) -> AcquireRequest
         lease_ttl_ms: 30_000,
         wait_timeout_ms: wait_ms,
         value: Vec::new(),
+        ..Default::default()
     }
 }
 

@@ -77,6 +77,7 @@ pub(super) fn acquire_for(
             lease_ttl_ms,
             wait_timeout_ms,
             value: fencelock_statemachine::HolderValue::none(),
+            mode: fencelock_statemachine::AcquireMode::Exclusive,
         },
         responder: Responder::Acquire {
             resource: resource.clone(),

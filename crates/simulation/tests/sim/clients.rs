@@ -10,9 +10,10 @@ use std::collections::BTreeMap;
 use fencelock_multiraft::StoreError;
 use fencelock_multiraft::{AcquireResult, ReadReply, ReplyResult, Responder, StoreMsg};
 use fencelock_nemesis::fence::{FencedResource, WriteOutcome};
-use fencelock_nemesis::history::{Call, Event, ProcessId, Reply};
+use fencelock_nemesis::history::{Call, Event, Mode, ProcessId, Reply};
 use fencelock_statemachine::{
-    slot_of, AcquireStatus, Command, LeaseId, Owner, Reply as LockReply, RequestId, ResourceName,
+    slot_of, AcquireMode, AcquireStatus, Command, LeaseId, Owner, Reply as LockReply, RequestId,
+    ResourceName,
 };
 use rand::Rng;
 use tokio::sync::oneshot;
@@ -52,6 +53,36 @@ use fencelock_nemesis::retry::{NO_EFFECT_REASONS, RETRIED_REASONS};
 
 pub fn resource_name(i: usize) -> String {
     format!("sim/r-{i}")
+}
+
+/// The permits of the semaphore resource (the last one).
+pub const SEMAPHORE_PERMITS: u32 = 2;
+
+/// How an acquire of `resource` holds it, from its request id (so a
+/// re-send asks the same): the last resource is a semaphore of
+/// [`SEMAPHORE_PERMITS`], the one before it a lock taken shared two times
+/// in three and exclusive otherwise, the rest exclusive locks.
+pub fn mode_of(resource: &str, request_id: &str) -> Mode {
+    if resource == resource_name(RESOURCES - 1) {
+        Mode::Semaphore(SEMAPHORE_PERMITS)
+    } else if resource == resource_name(RESOURCES - 2) {
+        let spread: u32 = request_id.bytes().map(u32::from).sum();
+        if spread.is_multiple_of(3) {
+            Mode::Exclusive
+        } else {
+            Mode::Shared
+        }
+    } else {
+        Mode::Exclusive
+    }
+}
+
+fn wire_mode(mode: Mode) -> AcquireMode {
+    match mode {
+        Mode::Exclusive => AcquireMode::Exclusive,
+        Mode::Shared => AcquireMode::Shared,
+        Mode::Semaphore(permits) => AcquireMode::Semaphore { permits },
+    }
 }
 
 /// The stop-by deadline an answer granting `ttl_ms` to a call sent at
@@ -327,7 +358,12 @@ impl Clients {
             }
             let roll = world.rng.random_range(0..100u32);
             let (kind, request_id, ttl_ms, wait_ms, started) = match roll {
-                0..=34 if held.writes < 3 => {
+                // Only an exclusive holder writes: the fenced resource
+                // orders one writer's tokens (docs/fencing.md).
+                0..=34
+                    if held.writes < 3
+                        && mode_of(&held.resource, &held.request_id) == Mode::Exclusive =>
+                {
                     self.fence_write(world, client, &held);
                     let held = Held {
                         writes: held.writes + 1,
@@ -458,6 +494,7 @@ impl Clients {
                 request_id: request_id.clone(),
                 ttl_ms,
                 wait_ms,
+                mode: mode_of(&resource, &request_id),
             },
             OpKind::Renew => Call::Renew {
                 resource: resource.clone(),
@@ -519,6 +556,7 @@ impl Clients {
                         lease_ttl_ms: op.ttl_ms,
                         wait_timeout_ms: op.wait_ms,
                         value: fencelock_statemachine::HolderValue::none(),
+                        mode: wire_mode(mode_of(&op.resource, &op.request_id)),
                     },
                     responder: Responder::Acquire { resource, tx },
                     caller: None,

@@ -75,6 +75,7 @@ fn acquire(
             lease_ttl_ms: ORPHAN_TTL_MS,
             wait_timeout_ms,
             value: fencelock_statemachine::HolderValue::none(),
+            mode: fencelock_statemachine::AcquireMode::Exclusive,
         },
         responder: Responder::Acquire {
             resource: resource.clone(),

@@ -526,6 +526,7 @@ fn setup(seed: u64) -> (World, Vec<Held>) {
                 lease_ttl_ms: LEASE_TTL_MS,
                 wait_timeout_ms: 0,
                 value: fencelock_statemachine::HolderValue::none(),
+                mode: fencelock_statemachine::AcquireMode::Exclusive,
             },
         );
         match reply {

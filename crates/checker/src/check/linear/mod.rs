@@ -8,6 +8,8 @@
 //! logical acquire (the service applies it once). Unknown outcomes may take
 //! effect at any point after their invocation, or never. The search has a
 //! step budget; running out is reported as inconclusive, never as a pass.
+//! Resources acquired in any mode other than exclusive are left out (the
+//! model has one holder).
 
 pub mod model;
 mod search;
@@ -39,6 +41,15 @@ pub fn check(history: &History, config: &CheckConfig) -> Verdict {
     let mut verdict = Verdict::new("linear");
     let mut leases = Interner::default();
     for (resource, ops) in history.by_resource() {
+        // The model is one exclusive holder: resources held shared or as a
+        // semaphore are the windows checker's (no more holders than the
+        // mode allows) and the tokens checker's.
+        let exclusive_only = ops
+            .iter()
+            .all(|op| !matches!(&op.call, Call::Acquire { mode, .. } if !mode.is_exclusive()));
+        if !exclusive_only {
+            continue;
+        }
         let lin = to_lin_ops(&ops, config, &mut leases);
         if lin.is_empty() {
             continue;
