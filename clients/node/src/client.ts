@@ -24,9 +24,18 @@ import {
   now,
   renewIntervalMs,
 } from "./lease.js";
-import { type AcquireResponse, type LockState, leaseStateName, reasonName, type RenewResponse, wire } from "./proto.js";
+import {
+  type AcquireResponse,
+  type LockState,
+  leaseStateName,
+  reasonName,
+  type RenewResponse,
+  type Revision,
+  wire,
+} from "./proto.js";
 import { Backoff, classify, classifyDetail, type Failure } from "./retry.js";
 import { Router } from "./router.js";
+import { Election, Watch, type WatchHost, type WatchOptions } from "./watch.js";
 
 /** Length of a generated request id: 128 random bits. */
 const GENERATED_REQUEST_ID_LEN = 16;
@@ -193,6 +202,63 @@ function unary(
   });
 }
 
+/**
+ * Opens a server stream (a watch) on one connection: resolves once the node
+ * sent its response headers (it took the call), rejects with the grpc-js
+ * error when it refused at once, or with UNAVAILABLE when neither came
+ * within `timeoutMs`. The stream itself has no deadline.
+ */
+function openStream(
+  client: grpc.Client,
+  method: string,
+  request: Buffer,
+  timeoutMs: number,
+  signal: AbortSignal | undefined,
+  onSend: () => void,
+): Promise<grpc.ClientReadableStream<Buffer>> {
+  return new Promise((resolve, reject) => {
+    if (signal?.aborted) return reject(signal.reason ?? new Error("aborted"));
+    onSend();
+    const stream = client.makeServerStreamRequest(method, identity, identity, request, new grpc.Metadata(), {});
+    // Its errors are read from the stream's iterator (or from 'status' below).
+    stream.on("error", () => {});
+    let settled = false;
+    const settle = (then: () => void) => {
+      if (settled) return;
+      settled = true;
+      clearTimeout(timer);
+      signal?.removeEventListener("abort", onAbort);
+      stream.removeListener("metadata", onMetadata);
+      stream.removeListener("status", onStatus);
+      then();
+    };
+    const onMetadata = () => settle(() => resolve(stream));
+    const onStatus = (status: grpc.StatusObject) =>
+      settle(() =>
+        status.code === grpc.status.OK
+          ? resolve(stream)
+          : reject(Object.assign(new Error(status.details), { code: status.code, details: status.details, metadata: status.metadata })),
+      );
+    const onAbort = () =>
+      settle(() => {
+        stream.cancel();
+        reject(signal!.reason ?? new Error("aborted"));
+      });
+    const timer = setTimeout(
+      () =>
+        settle(() => {
+          stream.cancel();
+          const details = `no answer to the watch within ${timeoutMs} ms`;
+          reject(Object.assign(new Error(details), { code: grpc.status.UNAVAILABLE, details, metadata: new grpc.Metadata() }));
+        }),
+      timeoutMs,
+    );
+    stream.once("metadata", onMetadata);
+    stream.once("status", onStatus);
+    signal?.addEventListener("abort", onAbort, { once: true });
+  });
+}
+
 function checkMs(name: string, v: unknown, max?: number): number {
   if (v === undefined) return 0;
   if (typeof v !== "number" || !Number.isInteger(v) || v < 0)
@@ -207,7 +273,7 @@ function checkMs(name: string, v: unknown, max?: number): number {
  * to the shard's leader, retries as errors.proto says, and keeps every
  * lease it hands out renewed until released. `close()` it when done.
  */
-export class Client implements LeaseOwner {
+export class Client implements LeaseOwner, WatchHost {
   readonly #options: ResolvedOptions;
   readonly #router: Router;
   readonly #leases = new Set<Lease>();
@@ -332,6 +398,33 @@ export class Client implements LeaseOwner {
   }
 
   /**
+   * Watches `resource` (lock.proto `Watch`) on a node with a replica of its
+   * shard: its state now (a STATE event; or, with `after`, the changes after
+   * that revision), then every change as it commits (GRANTED, VALUE_CHANGED,
+   * RELEASED, EXPIRED, CANCELLED). Resolves once a node has taken the watch
+   * (routing and availability failures are retried until the call deadline;
+   * refusals such as PERMISSION_DENIED reject); `for await` the events.
+   *
+   * The stream has no deadline. When it ends with an error, iteration throws
+   * it; its `resumesWatch` says whether watching again with
+   * `{ after: watch.after }` continues. `{ resume: true }` does that by
+   * itself, skipping nothing and repeating nothing (a `gap` STATE event says
+   * the node no longer had the changes).
+   */
+  async watch(resource: string, options: WatchOptions = {}): Promise<Watch> {
+    this.#checkOpen();
+    if (typeof resource !== "string")
+      throw new FencelockError("INVALID_ARGUMENT", { message: "resource must be a string" });
+    return Watch.start(this, resource, options);
+  }
+
+  /** The election on resource `name` (`tenant/path`): `campaign`, `leader`, `observe`. */
+  election(name: string): Election {
+    if (typeof name !== "string") throw new FencelockError("INVALID_ARGUMENT", { message: "name must be a string" });
+    return new Election(this, name);
+  }
+
+  /**
    * Stops renewing, releases every lease still held (best effort, a couple
    * of seconds at most; leases not released expire) and closes the
    * connections.
@@ -400,6 +493,38 @@ export class Client implements LeaseOwner {
     return answer.value.released;
   }
 
+  /** @internal Opens a watch stream for `Watch` (the start's routing and retries). */
+  async openWatch(
+    resource: string,
+    after: Revision | undefined,
+    deadline: number,
+    signal: AbortSignal | undefined,
+  ): Promise<{ stream: grpc.ClientReadableStream<Buffer>; url: string }> {
+    this.#checkOpen();
+    const request = wire.watchRequest({ resource, after });
+    const answer = await this.#call({
+      resource,
+      deadline,
+      limit: "bounded",
+      method: "Watch",
+      request,
+      open: (channel, attemptMs, onSend) => openStream(channel, SERVICE + "Watch", request, attemptMs, signal, onSend),
+      signal,
+    });
+    return { stream: answer.value, url: answer.url };
+  }
+
+  /** @internal */
+  watchEnded(failure: Failure, resource: string, shardId: number | undefined, url: string): void {
+    this.#router.reroute(failure.reroute, resource, shardId, url);
+  }
+
+  /** @internal */
+  get watchTiming(): { callTimeoutMs: number; backoffBaseMs: number; backoffMaxMs: number } {
+    const o = this.#options;
+    return { callTimeoutMs: o.callTimeoutMs, backoffBaseMs: o.backoffBaseMs, backoffMaxMs: o.backoffMaxMs };
+  }
+
   /** @internal */
   countLost(lease: Lease, _reason: LostReason): void {
     this.#stats.leasesLost += 1;
@@ -423,7 +548,10 @@ export class Client implements LeaseOwner {
     finalReasons?: Set<string>;
     method: string;
     request: Buffer;
-    decode: (b: Buffer) => T;
+    /** Decodes a unary call's reply ... */
+    decode?: (b: Buffer) => T;
+    /** ... or, instead of the unary call, makes one attempt itself (a watch's start). */
+    open?: (channel: grpc.Client, attemptMs: number, onSend: () => void) => Promise<T>;
     signal?: AbortSignal;
     requestId?: Buffer;
   }): Promise<Answer<T>> {
@@ -470,21 +598,18 @@ export class Client implements LeaseOwner {
         error = { code: grpc.status.UNAVAILABLE, details: `bad address ${url}` };
       } else {
         let sentAt = now();
+        const onSend = () => {
+          sentAt = now();
+          firstSentAt ??= sentAt;
+          attempts += 1;
+        };
         try {
-          const bytes = await unary(
-            channel,
-            SERVICE + c.method,
-            c.request,
-            attemptMs,
-            this.#options.connectTimeoutMs,
-            c.signal,
-            () => {
-              sentAt = now();
-              firstSentAt ??= sentAt;
-              attempts += 1;
-            },
-          );
-          return { value: c.decode(bytes), firstSentAt: firstSentAt ?? sentAt, lastSentAt: sentAt, url };
+          const value = c.open
+            ? await c.open(channel, attemptMs, onSend)
+            : c.decode!(
+                await unary(channel, SERVICE + c.method, c.request, attemptMs, this.#options.connectTimeoutMs, c.signal, onSend),
+              );
+          return { value, firstSentAt: firstSentAt ?? sentAt, lastSentAt: sentAt, url };
         } catch (e) {
           if (c.signal?.aborted) throw aborted(c.signal, c.requestId);
           error = e as Partial<grpc.ServiceError>;

@@ -25,6 +25,11 @@ export type ErrorCode =
   /** A lease was lost (the reason of `lease.signal`). */
   | "LOCK_LOST";
 
+/** The reasons a watch ends with that a new watch after the last revision received resolves (lock.proto `Watch`). */
+const WATCH_RESUME_REASONS = new Set(["SERVER_BUSY", "EPOCH_NOT_MATCH", "SHUTTING_DOWN"]);
+/** gRPC codes of a broken watch stream (no ErrorDetail): resumed too. */
+const WATCH_RESUME_CODES = new Set<number>([GrpcStatus.UNAVAILABLE, GrpcStatus.UNKNOWN, GrpcStatus.INTERNAL]);
+
 /** Reasons that mean "someone else holds the lock" on an acquire. */
 const LOCK_HELD_REASONS = new Set(["LOCK_HELD", "WAIT_TIMED_OUT"]);
 
@@ -92,6 +97,20 @@ export class FencelockError extends Error {
   /** True when the call may or may not have taken effect. */
   get outcomeUnknown(): boolean {
     return this.code === "UNAVAILABLE";
+  }
+
+  /**
+   * True when a watch that ended with this error is resumed by watching
+   * again after the last revision received: the watcher fell behind
+   * (SERVER_BUSY), the resource moved (EPOCH_NOT_MATCH), the replica stopped
+   * serving it (SHUTTING_DOWN), or the connection broke (code GRPC with
+   * gRPC status UNAVAILABLE, UNKNOWN or INTERNAL). `watch(.., { resume: true })`
+   * does that by itself.
+   */
+  get resumesWatch(): boolean {
+    if (this.code === "REJECTED") return this.reason !== undefined && WATCH_RESUME_REASONS.has(this.reason);
+    if (this.code === "GRPC") return this.grpcCode !== undefined && WATCH_RESUME_CODES.has(this.grpcCode);
+    return false;
   }
 
   static rejected(detail: ErrorDetail, grpcCode?: number): FencelockError {

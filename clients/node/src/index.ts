@@ -1,6 +1,7 @@
 // @fencelock/client: exclusive leases with fencing tokens, routed to the
 // right node, retried safely, and kept alive in the background — the same
-// rules as the Rust client (docs/client.md).
+// rules as the Rust client (docs/client.md); watches of a resource and
+// leader elections.
 
 export { Client } from "./client.js";
 export type { CallOptions, ClientStats, LockOptions } from "./client.js";
@@ -19,6 +20,8 @@ export type { ClientOptions, ClientTls } from "./config.js";
 export { FencelockError, LockLostError } from "./errors.js";
 export type { ErrorCode, LostReason } from "./errors.js";
 export { Lease } from "./lease.js";
-export type { ErrorDetail, LeaderHint, LockState } from "./proto.js";
+export type { ErrorDetail, LeaderHint, LockState, Revision, WatchEvent, WatchEventKind } from "./proto.js";
+export { compareRevisions, Election, formatRevision, parseRevision, Watch } from "./watch.js";
+export type { CampaignOptions, Leader, WatchOptions } from "./watch.js";
 export { MAX_IMMEDIATE_RETRIES } from "./retry.js";
 export { MAX_CACHED_RESOURCES, MAX_CACHED_SHARDS, MAX_LEARNED_CONNECTIONS } from "./router.js";

@@ -6,3 +6,4 @@ export * from "./config.js";
 export * from "./errors.js";
 export * from "./proto.js";
 export * from "./lease.js";
+export * from "./watch.js";

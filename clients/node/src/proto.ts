@@ -64,12 +64,15 @@ export const types = {
   GetResponse: type("GetResponse"),
   ProclaimRequest: type("ProclaimRequest"),
   ProclaimResponse: type("ProclaimResponse"),
+  WatchRequest: type("WatchRequest"),
+  WatchEvent: type("WatchEvent"),
   ErrorDetail: type("ErrorDetail"),
 };
 
 const reasonEnum = root.lookupEnum("fencelock.v1.Reason");
 const retryEnum = root.lookupEnum("fencelock.v1.RetryPolicy");
 const stateEnum = root.lookupEnum("fencelock.v1.LeaseState");
+const watchKindEnum = root.lookupEnum("fencelock.v1.WatchEventKind");
 
 /** `REASON_LOCK_HELD` (5) -> `LOCK_HELD`; an unknown number -> `UNKNOWN_<n>`. */
 export function reasonName(value: number): string {
@@ -90,6 +93,44 @@ export function retryPolicyName(value: number): string {
 export function leaseStateName(value: number): string {
   const name = stateEnum.valuesById[value];
   return name ? name.replace(/^LEASE_STATE_/, "") : `UNKNOWN_${value}`;
+}
+
+/** What a watch event says happened; a kind this client does not know (a newer server) is `UNSPECIFIED`. */
+export type WatchEventKind = "UNSPECIFIED" | "STATE" | "GRANTED" | "VALUE_CHANGED" | "RELEASED" | "EXPIRED" | "CANCELLED";
+
+export function watchEventKindName(value: number): WatchEventKind {
+  const name = value === 0 ? undefined : watchKindEnum.valuesById[value];
+  return name ? (name.replace(/^WATCH_EVENT_KIND_/, "") as WatchEventKind) : "UNSPECIFIED";
+}
+
+/**
+ * A place in a resource's history (`fencelock.v1.Revision`): compare
+ * (epoch, index, seq) in order (`compareRevisions`); the same on every node.
+ * The u64 parts are bigints, so a revision passes through exactly.
+ */
+export interface Revision {
+  epoch: bigint;
+  index: bigint;
+  seq: number;
+}
+
+/** One event of a watch (`fencelock.v1.WatchEvent`). */
+export interface WatchEvent {
+  kind: WatchEventKind;
+  /** Where it happened; resume after it. Absent only from a server that sent none. */
+  revision: Revision | undefined;
+  /** Whether a lease holds the resource after this event. */
+  held: boolean;
+  /** The token of the lease the event is about (STATE: the holder's; 0n when free). */
+  fencingToken: bigint;
+  /** The holder's value (STATE, GRANTED, VALUE_CHANGED). */
+  value: Buffer;
+  /** When the lease ends unless renewed (STATE, GRANTED), ms since the Unix epoch on the shard's lease clock; informational. */
+  expiresAtMs: number;
+  /** STATE only: the changes between the `after` asked for and this state were not kept; this is the state now. */
+  gap: boolean;
+  /** The shard serving the resource. */
+  shardId: number;
 }
 
 /** Where a shard's leader is, as the answering node knows it. */
@@ -280,6 +321,27 @@ export const wire = {
   releaseRequest: (r: { resource: string; leaseId: Uint8Array }) =>
     encoder(types.ReleaseRequest)({ resource: r.resource, lease_id: r.leaseId }),
   getRequest: (r: { resource: string }) => encoder(types.GetRequest)({ resource: r.resource }),
+  watchRequest: (r: { resource: string; after?: Revision }) =>
+    encoder(types.WatchRequest)({
+      resource: r.resource,
+      after: r.after
+        ? { epoch: r.after.epoch.toString(), index: r.after.index.toString(), seq: r.after.seq }
+        : undefined,
+    }),
+  watchEvent(bytes: Buffer): WatchEvent {
+    const o = decode(types.WatchEvent, bytes);
+    const r = o.revision as Obj | undefined | null;
+    return {
+      kind: watchEventKindName(num(o.kind)),
+      revision: r ? { epoch: big(r.epoch), index: big(r.index), seq: num(r.seq) } : undefined,
+      held: Boolean(o.held),
+      fencingToken: big(o.fencing_token),
+      value: buf(o.value),
+      expiresAtMs: num(o.expires_at_ms),
+      gap: Boolean(o.gap),
+      shardId: num(o.shard_id),
+    };
+  },
 
   acquireResponse(bytes: Buffer): AcquireResponse {
     const o = decode(types.AcquireResponse, bytes);
@@ -354,6 +416,46 @@ export const fakeWire = {
       ),
     }),
   releaseResponse: (r: { released: boolean }) => encoder(types.ReleaseResponse)({ released: r.released }),
+  getResponse: (r: Partial<LockState>) =>
+    encoder(types.GetResponse)({
+      held: r.held ?? false,
+      fencing_token: (r.fencingToken ?? 0n).toString(),
+      expires_at_ms: r.expiresAtMs ?? 0,
+      queue_length: r.queueLength ?? 0,
+      last_token: (r.lastToken ?? 0n).toString(),
+      shard_id: r.shardId ?? 0,
+      epoch: r.epoch ?? 0,
+      value: r.value ?? Buffer.alloc(0),
+    }),
+  /** A WatchEvent; `kind` is the enum number (so tests can send kinds this client does not know). */
+  watchEvent: (e: {
+    kind: number;
+    revision?: [number, number, number];
+    held?: boolean;
+    fencingToken?: bigint;
+    value?: Uint8Array;
+    expiresAtMs?: number;
+    gap?: boolean;
+    shardId?: number;
+  }) =>
+    encoder(types.WatchEvent)({
+      kind: e.kind,
+      revision: e.revision ? { epoch: e.revision[0], index: e.revision[1], seq: e.revision[2] } : undefined,
+      held: e.held ?? false,
+      fencing_token: (e.fencingToken ?? 0n).toString(),
+      value: e.value ?? Buffer.alloc(0),
+      expires_at_ms: e.expiresAtMs ?? 0,
+      gap: e.gap ?? false,
+      shard_id: e.shardId ?? 1,
+    }),
+  decodeWatchRequest(bytes: Buffer) {
+    const o = decode(types.WatchRequest, bytes);
+    const r = o.after as Obj | undefined | null;
+    return {
+      resource: String(o.resource),
+      after: r ? ([num(r.epoch), num(r.index), num(r.seq)] as [number, number, number]) : undefined,
+    };
+  },
   decodeAcquireRequest(bytes: Buffer) {
     const o = decode(types.AcquireRequest, bytes);
     return {
@@ -361,6 +463,7 @@ export const fakeWire = {
       requestId: buf(o.request_id),
       leaseTtlMs: num(o.lease_ttl_ms),
       waitTimeoutMs: num(o.wait_timeout_ms),
+      value: buf(o.value),
     };
   },
   decodeRenewBatchRequest(bytes: Buffer) {

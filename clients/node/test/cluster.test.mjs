@@ -1,7 +1,7 @@
 // The client against a real 3-node fencelock cluster (separate processes).
 import assert from "node:assert/strict";
 import { after, before, describe, test } from "node:test";
-import { Client, FencelockError } from "../dist/index.js";
+import { Client, compareRevisions, FencelockError } from "../dist/index.js";
 import { skipReason, startCluster } from "./cluster.mjs";
 import { waitFor, within } from "./fake-server.mjs";
 
@@ -205,6 +205,88 @@ describe("against a real cluster", { skip, timeout: 120_000 }, () => {
     assert.equal(state.fencingToken, 0n);
     // last_token may be 0: an idle record can be dropped (lock.proto); never a different token.
     assert.ok(state.lastToken === token || state.lastToken === 0n, String(state.lastToken));
+  });
+
+  /** Values (an election's address) are refused with FEATURE_NOT_ENABLED until the controller has seen every member read them. */
+  async function waitForValues(c) {
+    const end = performance.now() + 60_000;
+    for (;;) {
+      const r = await c.lock(fresh("values-probe"), { ttlMs: 5000, value: "probe" }).catch((e) => e);
+      if (!(r instanceof Error)) return r.release();
+      if (r.reason !== "FEATURE_NOT_ENABLED" || performance.now() > end) throw r;
+      await new Promise((res) => setTimeout(res, 500));
+    }
+  }
+  const next = (w, what) => within(w.next(), 20000, what).then((r) => (assert.equal(r.done, false, what), r.value));
+
+  test("a watcher sees the grant and the release with the holder's token; a resumed watch goes on from a revision", async () => {
+    const watcher = client();
+    const holder = client();
+    const resource = fresh("watch");
+    const w = await within(watcher.watch(resource), 15000, "watch");
+    const state = await next(w, "the state now");
+    assert.equal(state.kind, "STATE");
+    assert.equal(state.held, false);
+    assert.equal(state.fencingToken, 0n);
+    const lease = await holder.lock(resource, { ttlMs: 30000 });
+    const granted = await next(w, "GRANTED");
+    assert.equal(granted.kind, "GRANTED");
+    assert.equal(granted.held, true);
+    assert.equal(granted.fencingToken, lease.token);
+    assert.equal(await lease.release(), true);
+    const rel = await next(w, "RELEASED");
+    assert.equal(rel.kind, "RELEASED");
+    assert.equal(rel.held, false);
+    assert.equal(rel.fencingToken, lease.token);
+    assert.ok(compareRevisions(state.revision, granted.revision) < 0 && compareRevisions(granted.revision, rel.revision) < 0);
+    assert.deepEqual(w.after, rel.revision);
+    w.close();
+
+    // Resumed after the grant: the release follows, the grant is not repeated.
+    const again = await within(watcher.watch(resource, { after: granted.revision, resume: true }), 15000, "watch again");
+    const first = await next(again, "the change after the grant");
+    assert.equal(first.kind, "RELEASED");
+    assert.deepEqual(first.revision, rel.revision);
+    const second = await holder.lock(resource, { ttlMs: 30000 });
+    const regranted = await next(again, "the next grant");
+    assert.equal(regranted.kind, "GRANTED");
+    assert.equal(regranted.fencingToken, second.token);
+    assert.ok(second.token > lease.token);
+    await second.release();
+    again.close();
+  });
+
+  test("an election hands over to the candidate queued behind a resigning leader, and observe() sees it", async () => {
+    const a = client();
+    const b = client();
+    const watcher = client();
+    await waitForValues(a);
+    const name = fresh("election");
+    const seen = await within(watcher.election(name).observe({ resume: true }), 15000, "observe");
+    assert.equal((await next(seen, "the state now")).kind, "STATE");
+    const leaderA = await within(a.election(name).campaign("10.0.0.1:5432", { ttlMs: 30000 }), 15000, "first campaign");
+    assert.deepEqual(await b.election(name).leader(), { value: Buffer.from("10.0.0.1:5432"), fencingToken: leaderA.token });
+    const campaigning = b.election(name).campaign("10.0.0.2:5432", { ttlMs: 30000 });
+    let won = false;
+    campaigning.then(() => (won = true), () => {});
+    await waitFor(async () => (await a.get(name)).queueLength === 1, 15000, "the second candidate to queue");
+    assert.equal(won, false);
+    assert.equal(await leaderA.release(), true); // resign
+    const leaderB = await within(campaigning, 15000, "second campaign");
+    assert.ok(leaderB.token > leaderA.token);
+    const changes = [];
+    for (let i = 0; i < 3; i++) changes.push(await next(seen, `change ${i}`));
+    assert.deepEqual(
+      changes.map((e) => [e.kind, e.value.toString(), e.fencingToken]),
+      [
+        ["GRANTED", "10.0.0.1:5432", leaderA.token],
+        ["RELEASED", "", leaderA.token],
+        ["GRANTED", "10.0.0.2:5432", leaderB.token],
+      ],
+    );
+    assert.deepEqual(await a.election(name).leader(), { value: Buffer.from("10.0.0.2:5432"), fencingToken: leaderB.token });
+    await leaderB.release();
+    seen.close();
   });
 
   // Last: it kills a node.

@@ -35,6 +35,15 @@ const method = (name) => ({
   responseDeserialize: id,
 });
 const SERVICE = Object.fromEntries(["Acquire", "Renew", "RenewBatch", "Release", "Get"].map((n) => [n, method(n)]));
+const WATCH = {
+  path: "/fencelock.v1.LockService/Watch",
+  requestStream: false,
+  responseStream: true,
+  requestSerialize: id,
+  requestDeserialize: id,
+  responseSerialize: id,
+  responseDeserialize: id,
+};
 const DECODE = {
   Acquire: fakeWire.decodeAcquireRequest,
   Renew: fakeWire.decodeRenewRequest,
@@ -67,7 +76,35 @@ export async function startFake(handlers) {
       }
     };
   }
-  server.addService(SERVICE, impl);
+  // Watch: `handlers.Watch(request, ctx)` throws (or rejects) to refuse the
+  // call before any header, as fencelock does, or returns an (async)
+  // iterable of event bytes, which may itself throw to end the stream with
+  // that error after its events.
+  impl.Watch = async (call) => {
+    const request = fakeWire.decodeWatchRequest(call.request);
+    const entry = { method: "Watch", request, at: performance.now(), cancelled: false };
+    call.on("cancelled", () => (entry.cancelled = true));
+    node.calls.push(entry);
+    const h = node.handlers.Watch;
+    if (!h) return call.emit("error", { code: grpc.status.UNIMPLEMENTED, details: "not scripted" });
+    let events;
+    try {
+      events = await h(request, { call, node, entry });
+    } catch (e) {
+      return call.emit("error", e);
+    }
+    call.sendMetadata(new grpc.Metadata()); // the node took the watch: headers now, as tonic sends them
+    try {
+      for await (const e of events) {
+        if (entry.cancelled) return;
+        call.write(e);
+      }
+      call.end();
+    } catch (e) {
+      call.emit("error", e);
+    }
+  };
+  server.addService({ ...SERVICE, Watch: WATCH }, impl);
   const port = await new Promise((resolve, reject) =>
     server.bindAsync("127.0.0.1:0", grpc.ServerCredentials.createInsecure(), (err, p) => (err ? reject(err) : resolve(p))),
   );
@@ -117,4 +154,16 @@ export function within(promise, ms, what = "promise") {
     promise.finally(() => clearTimeout(timer)),
     new Promise((_, reject) => (timer = setTimeout(() => reject(new Error(`timed out after ${ms} ms: ${what}`)), ms))),
   ]);
+}
+
+/** A WatchEvent: kind by name (STATE, GRANTED, ...) or number, revision [epoch, index, seq]. */
+export function watchEvent(kind, revision, over = {}) {
+  const KINDS = { STATE: 1, GRANTED: 2, VALUE_CHANGED: 3, RELEASED: 4, EXPIRED: 5, CANCELLED: 6 };
+  return fakeWire.watchEvent({ kind: KINDS[kind] ?? kind, revision, ...over });
+}
+
+/** Streams nothing until the client goes away (a quiet watch). */
+export async function* untilCancelled(ctx) {
+  if (ctx.entry.cancelled) return;
+  await new Promise((resolve) => ctx.call.once("cancelled", resolve));
 }

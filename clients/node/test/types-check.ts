@@ -1,6 +1,21 @@
 // Compiled (never run) by test.sh: the public API, as a TypeScript user
 // writes it, type-checks against the emitted declarations.
-import { Client, FencelockError, type Lease, type LockState, type LostReason } from "../dist/index.js";
+import {
+  Client,
+  compareRevisions,
+  type Election,
+  FencelockError,
+  formatRevision,
+  type Leader,
+  type Lease,
+  type LockState,
+  type LostReason,
+  parseRevision,
+  type Revision,
+  type Watch,
+  type WatchEvent,
+  type WatchEventKind,
+} from "../dist/index.js";
 
 export async function example(): Promise<bigint> {
   const client = new Client(["127.0.0.1:7001"], { callTimeoutMs: 5000, stopByMarginPercent: 5 });
@@ -33,4 +48,32 @@ export async function explicit(client: Client): Promise<boolean> {
   } finally {
     await lease.release();
   }
+}
+
+export async function watching(client: Client): Promise<Revision | undefined> {
+  const watch: Watch = await client.watch("acme/orders/42", { after: parseRevision("3.1204.0"), resume: true });
+  for await (const event of watch) {
+    const e: WatchEvent = event;
+    const kind: WatchEventKind = e.kind;
+    const token: bigint = e.fencingToken;
+    const value: Buffer = e.value;
+    void kind, token, value, e.held, e.gap, e.expiresAtMs, e.shardId;
+    if (e.revision && compareRevisions(e.revision, { epoch: 3n, index: 1n, seq: 0 }) > 0) break;
+  }
+  await using again = await client.watch("acme/orders/42", { after: watch.after });
+  const next: IteratorResult<WatchEvent, undefined> = await again.next();
+  if (!next.done) void formatRevision(next.value.revision!);
+  return watch.after;
+}
+
+export async function electing(client: Client): Promise<bigint> {
+  const election: Election = client.election("acme/election/db");
+  const ac = new AbortController();
+  const lease: Lease = await election.campaign("10.0.0.7:5432", { ttlMs: 10000, signal: ac.signal });
+  const leader: Leader | undefined = await election.leader();
+  const observed: Watch = await election.observe({ after: undefined });
+  observed.close();
+  await lease.proclaim("10.0.0.7:9443");
+  await lease.release();
+  return leader?.fencingToken ?? 0n;
 }

@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 import time
 from concurrent import futures
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import grpc
 from google.protobuf import any_pb2
@@ -58,6 +58,11 @@ class FakeServer:
             )
             for name, (req, _resp) in methods.items()
         }
+        rpc_handlers["Watch"] = grpc.unary_stream_rpc_method_handler(
+            self._dispatch_stream("Watch"),
+            request_deserializer=lock_pb2.WatchRequest.FromString,
+            response_serializer=lambda m: m.SerializeToString(),
+        )
         self.server.add_generic_rpc_handlers(
             (grpc.method_handlers_generic_handler("fencelock.v1.LockService", rpc_handlers),)
         )
@@ -74,6 +79,31 @@ class FakeServer:
                 context.abort(grpc.StatusCode.UNIMPLEMENTED, f"no fake handler for {name}")
             try:
                 return handler(request)  # type: ignore[misc]
+            except Abort as a:
+                context.abort_with_status(a.status)
+
+        return handle
+
+    def _dispatch_stream(self, name: str) -> Callable[[Any, grpc.ServicerContext], Any]:
+        """A streaming handler is ``h(request, context)``: it raises Abort to
+        refuse the call (before any header, as fencelock does), or returns
+        an iterable of messages, which may itself raise Abort to end the
+        stream with that error after its messages."""
+
+        def handle(request: Any, context: grpc.ServicerContext) -> Any:
+            with self.lock:
+                self.calls.append((name, request))
+                handler = self.handlers.get(name)
+            if handler is None:
+                context.abort(grpc.StatusCode.UNIMPLEMENTED, f"no fake handler for {name}")
+            try:
+                messages = handler(request, context)  # type: ignore[misc]
+            except Abort as a:
+                context.abort_with_status(a.status)
+            # The node took the watch: headers now, as tonic sends them.
+            context.send_initial_metadata(())
+            try:
+                yield from messages
             except Abort as a:
                 context.abort_with_status(a.status)
 
@@ -121,3 +151,19 @@ def wait_until(cond: Callable[[], bool], timeout: float = 10.0, what: str = "con
         time.sleep(0.01)
 
 
+
+
+def until_cancelled(context: grpc.ServicerContext) -> Iterator[Any]:
+    """Streams nothing until the client goes away (a quiet watch)."""
+    while context.is_active():
+        time.sleep(0.01)
+    return
+    yield
+
+
+def watch_event(kind: int, rev: tuple[int, int, int], held: bool = False, token: int = 0,
+                value: bytes = b"", expires_at_ms: int = 0, gap: bool = False, shard: int = 1) -> Any:
+    return lock_pb2.WatchEvent(
+        kind=kind, revision=lock_pb2.Revision(epoch=rev[0], index=rev[1], seq=rev[2]), held=held,
+        fencing_token=token, value=value, expires_at_ms=expires_at_ms, gap=gap, shard_id=shard,
+    )

@@ -9,14 +9,20 @@ Sync API::
             write(order, fencing_token=lease.token)   # the store rejects lower tokens
             if lease.lost.is_set(): ...               # stop: the lock is gone
 
+    for event in client.watch("acme/orders/42", resume=True):  # STATE, then every change
+        print(event.kind.name, event.revision, event.fencing_token)
+
+    lease = client.election("acme/election/db").campaign(b"10.0.0.7:5432", ttl=10)  # leads
+
 asyncio API: ``fencelock.aio.AsyncClient`` (the same, with ``async with``).
 PostgreSQL fencing: ``fencelock.fencing.PgFenceStore`` (extra ``postgres``).
 """
 
 from ._version import __version__
-from .aio import AsyncClient, AsyncLease
+from .aio import AsyncClient, AsyncLease, AsyncWatch
 from .client import Client, ClientStats, Lease
 from .config import ClientConfig, TlsConfig
+from .election import AsyncElection, Election
 from .errors import (
     ErrorDetail,
     FencelockError,
@@ -34,20 +40,25 @@ from .errors import (
     RetryPolicy,
     UnavailableError,
 )
+from .watch import Leader, Revision, Watch, WatchEvent, WatchEventKind
 
 __all__ = [
     "__version__",
     "AsyncClient",
+    "AsyncElection",
     "AsyncLease",
+    "AsyncWatch",
     "Client",
     "ClientConfig",
     "ClientStats",
+    "Election",
     "ErrorDetail",
     "FencelockError",
     "GrpcError",
     "InvalidArgumentError",
     "InvalidConfigError",
     "Lease",
+    "Leader",
     "LeaseEndedError",
     "LeaseLostError",
     "LeaseState",
@@ -57,6 +68,10 @@ __all__ = [
     "Reason",
     "RejectedError",
     "RetryPolicy",
+    "Revision",
     "TlsConfig",
     "UnavailableError",
+    "Watch",
+    "WatchEvent",
+    "WatchEventKind",
 ]

@@ -14,7 +14,7 @@ import asyncio
 import itertools
 import time
 from types import TracebackType
-from typing import Any, Generator, Optional, Sequence, TypeVar
+from typing import Any, AsyncIterator, Awaitable, Callable, Generator, Optional, Sequence, TypeVar
 
 import grpc
 import grpc.aio
@@ -38,7 +38,9 @@ from .errors import (
     UnavailableError,
     rejected,
 )
+from .election import AsyncElection
 from .v1 import lock_pb2
+from .watch import ENDED_BY_NODE, Next, NoHeaders, Revision, WatchEvent, WatchProgress, watch_request
 
 _SERVICE = "/fencelock.v1.LockService/"
 R = TypeVar("R", bound=Message)
@@ -90,7 +92,9 @@ class _AsyncCalls:
         deadline: float,
         until_deadline: bool = False,
         final_reasons: frozenset[Reason] = frozenset(),
+        attempt: Optional[Callable[[str, float], Awaitable[Any]]] = None,
     ) -> Answer:
+        """See ``client._Calls.call``."""
         started = time.monotonic()
         url = self.router.target_for_shard(shard_id) if resource is None and shard_id else self.router.target(resource)
         c = self.config
@@ -116,7 +120,10 @@ class _AsyncCalls:
                 first_sent = sent_at
             attempts += 1
             try:
-                response = await self.unary(url, method, request, response_type, timeout)
+                if attempt is not None:
+                    response = await attempt(url, timeout)
+                else:
+                    response = await self.unary(url, method, request, response_type, timeout)
                 return Answer(response, first_sent, sent_at, url)
             except grpc.RpcError as e:
                 failure = _core.classify_error(e)
@@ -340,6 +347,19 @@ class AsyncClient:
         self._calls.router.learn(resource, int(a.value.shard_id), a.url)
         return a.value
 
+    async def watch(self, resource: str, after: Optional[Revision] = None, resume: bool = False) -> "AsyncWatch":
+        """See ``Client.watch``: returns once a node has taken the watch;
+        ``async for event in watch``."""
+        _core.check_resource(resource)
+        w = AsyncWatch(self._calls, resource, after, resume)
+        await w._start()
+        return w
+
+    def election(self, name: str) -> AsyncElection:
+        """See ``Client.election``."""
+        _core.check_resource(name)
+        return AsyncElection(self, name)
+
     def _lose(self, core: LeaseCore, reason: LostReason) -> None:
         if core.mark_lost(reason):
             self._calls.stats.leases_lost += 1
@@ -509,3 +529,117 @@ class AsyncLease:
             if quiet:
                 return False
             raise
+
+
+class AsyncWatch(AsyncIterator[WatchEvent]):
+    """The events of one resource for asyncio (``AsyncClient.watch``):
+    ``async for event in watch``; the rules of ``fencelock.watch.Watch``."""
+
+    def __init__(self, calls: _AsyncCalls, resource: str, after: Optional[Revision], resume: bool) -> None:
+        c = calls.config
+        self._calls = calls
+        self._progress = WatchProgress(
+            resource, after, resume, Backoff(c.backoff_base_ms / 1000.0, c.backoff_max_ms / 1000.0)
+        )
+        self._call: Any = None
+        self._url = ""
+        self._closed = False
+
+    @property
+    def resource(self) -> str:
+        return self._progress.resource
+
+    @property
+    def after(self) -> Optional[Revision]:
+        """The revision of the last event received: watch again after it to resume."""
+        return self._progress.after
+
+    def __repr__(self) -> str:
+        return f"AsyncWatch(resource={self.resource!r}, after={self.after}, closed={self._closed})"
+
+    async def __aenter__(self) -> "AsyncWatch":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.close()
+
+    def __aiter__(self) -> "AsyncWatch":
+        return self
+
+    def close(self) -> None:
+        """Ends the watch: a waiting ``__anext__`` stops."""
+        self._closed = True
+        call, self._call = self._call, None
+        if call is not None:
+            call.cancel()
+
+    async def _attempt(self, url: str, timeout: float) -> Any:
+        call: Any = self._calls.channel(url).unary_stream(
+            _SERVICE + "Watch",
+            request_serializer=lambda m: m.SerializeToString(),
+            response_deserializer=lock_pb2.WatchEvent.FromString,
+        )(watch_request(self.resource, self.after))  # no deadline: it would end the stream
+        try:
+            await asyncio.wait_for(call.initial_metadata(), timeout)  # the node took the watch
+        except asyncio.TimeoutError:
+            call.cancel()
+            raise NoHeaders(timeout) from None
+        if call.done():
+            code = await call.code()
+            if code is not grpc.StatusCode.OK:  # refused (NOT_LEADER, PERMISSION_DENIED, ...)
+                raise grpc.aio.AioRpcError(code, await call.initial_metadata(), await call.trailing_metadata(),
+                                           await call.details())
+        return call
+
+    async def _start(self, deadline: Optional[float] = None) -> None:
+        if deadline is None:
+            deadline = self._progress.new_start_deadline(self._calls.config.call_timeout_ms)
+        answer = await self._calls.call(
+            "Watch", watch_request(self.resource, self.after), lock_pb2.WatchEvent,
+            resource=self.resource, shard_id=None, deadline=deadline, attempt=self._attempt,
+        )
+        if self._closed:
+            answer.value.cancel()
+        else:
+            self._call, self._url = answer.value, answer.url
+
+    async def __anext__(self) -> WatchEvent:
+        progress = self._progress
+        while True:
+            if self._closed:
+                raise StopAsyncIteration
+            call = self._call
+            if call is None:
+                await self._start()
+                continue
+            try:
+                message = await call.read()
+            except asyncio.CancelledError:
+                if self._closed:
+                    raise StopAsyncIteration from None
+                raise
+            except grpc.RpcError as e:
+                if self._closed:
+                    raise StopAsyncIteration from None
+                failure = _core.classify_error(e)
+            else:
+                if message is grpc.aio.EOF:
+                    if not progress.resume:
+                        self.close()
+                        raise StopAsyncIteration
+                    failure = _policy.classify("UNAVAILABLE", ENDED_BY_NODE, None)
+                else:
+                    event = progress.accept(message)
+                    if event is not None:
+                        return event
+                    continue
+            self._call = None
+            error, delay, then = progress.ended(failure)
+            shard = (failure.detail.shard_id if failure.detail else 0) or progress.shard_id or None
+            self._calls.router.reroute(failure, self.resource, shard, self._url)
+            if then is Next.RAISE:
+                self.close()
+                raise error
+            if delay:
+                await asyncio.sleep(delay)
+            await self._start(progress.start_deadline if then is Next.RESTART else None)

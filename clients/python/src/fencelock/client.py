@@ -36,7 +36,9 @@ from .errors import (
     UnavailableError,
     rejected,
 )
+from .election import Election
 from .v1 import lock_pb2
+from .watch import Revision, Watch
 
 _SERVICE = "/fencelock.v1.LockService/"
 #: Times one logical acquire may start over with a fresh request id after
@@ -118,7 +120,10 @@ class _Calls:
         deadline: float,
         until_deadline: bool = False,
         final_reasons: frozenset[Reason] = frozenset(),
+        attempt: Optional[Callable[[str, float], Any]] = None,
     ) -> Answer:
+        """One logical call. ``attempt(url, timeout)``, when given, makes one
+        attempt instead of the unary ``method`` (a watch's start)."""
         started = time.monotonic()
         url = self.router.target_for_shard(shard_id) if resource is None and shard_id else self.router.target(resource)
         c = self.config
@@ -144,7 +149,10 @@ class _Calls:
                 first_sent = sent_at
             attempts += 1
             try:
-                response = self.rpc(url, method, response_type)(request, timeout=timeout)
+                if attempt is not None:
+                    response = attempt(url, timeout)
+                else:
+                    response = self.rpc(url, method, response_type)(request, timeout=timeout)
                 return Answer(response, first_sent, sent_at, url)
             except grpc.RpcError as e:
                 err: BaseException = e
@@ -365,6 +373,30 @@ class Client:
                              resource=resource, shard_id=None, deadline=deadline)
         self._calls.router.learn(resource, int(a.value.shard_id), a.url)
         return a.value
+
+    def watch(self, resource: str, after: Optional[Revision] = None, resume: bool = False) -> Watch:
+        """Watches ``resource`` (lock.proto ``Watch``) on a node with a
+        replica of its shard: its state now (``after`` None, a STATE event),
+        then every change as it commits (GRANTED, VALUE_CHANGED, RELEASED,
+        EXPIRED, CANCELLED); with ``after`` (the last revision received),
+        the changes after it. Returns once a node has taken the watch
+        (routing and availability failures are retried until the call
+        deadline; refusals such as PERMISSION_DENIED are raised); iterate
+        the ``Watch`` for the events.
+
+        The stream has no deadline. When it ends with an error, iteration
+        raises it; its ``resumes_watch`` says whether watching again after
+        ``watch.after`` continues. ``resume=True`` does that by itself,
+        skipping nothing and repeating nothing (a ``gap`` STATE event says
+        the node no longer had the changes)."""
+        _core.check_resource(resource)
+        return Watch(self._calls, resource, after, resume)
+
+    def election(self, name: str) -> Election:
+        """The election on resource ``name`` (``tenant/path``):
+        ``campaign``, ``leader``, ``observe``."""
+        _core.check_resource(name)
+        return Election(self, name)
 
     # ---- the renewer -----------------------------------------------------
 

@@ -120,8 +120,25 @@ class ErrorDetail:
         return f"{self.reason_name}: {self.message}"
 
 
+#: The reasons a watch ends with that a new watch from the last revision
+#: received resolves (lock.proto ``Watch``): the watcher fell behind, the
+#: resource moved, the replica stopped serving it.
+WATCH_RESUME_REASONS = frozenset({Reason.SERVER_BUSY, Reason.EPOCH_NOT_MATCH, Reason.SHUTTING_DOWN})
+#: gRPC codes of a broken watch stream (no ErrorDetail): resumed too.
+WATCH_RESUME_CODES = frozenset({"UNAVAILABLE", "UNKNOWN", "INTERNAL"})
+
+
 class FencelockError(Exception):
     """Base of every error this package raises."""
+
+    @property
+    def resumes_watch(self) -> bool:
+        """True when a watch that ended with this error is resumed by
+        watching again after the last revision received: the watcher fell
+        behind (SERVER_BUSY), the resource moved (EPOCH_NOT_MATCH), the
+        replica stopped serving it (SHUTTING_DOWN), or the connection
+        broke. ``Client.watch(..., resume=True)`` does that by itself."""
+        return False
 
 
 class InvalidConfigError(FencelockError):
@@ -151,6 +168,10 @@ class RejectedError(FencelockError):
     def is_lock_held(self) -> bool:
         """True for LOCK_HELD and WAIT_TIMED_OUT: someone else holds it."""
         return self.reason in (Reason.LOCK_HELD, Reason.WAIT_TIMED_OUT)
+
+    @property
+    def resumes_watch(self) -> bool:
+        return self.reason in WATCH_RESUME_REASONS
 
 
 class LockHeldError(RejectedError):
@@ -212,6 +233,10 @@ class GrpcError(FencelockError):
         super().__init__(f"gRPC {code}: {message}")
         self.code = code
         self.message = message
+
+    @property
+    def resumes_watch(self) -> bool:
+        return self.code in WATCH_RESUME_CODES
 
 
 class LeaseLostError(FencelockError):
