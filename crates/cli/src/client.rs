@@ -408,8 +408,15 @@ pub async fn get(args: GetArgs) -> u8 {
                 object
             };
             let headline = if response.holders.len() > 1 {
-                let n = response.holders.len();
-                format!("{} is held by {n} holders", args.resource)
+                let tokens: Vec<String> = (response.holders.iter())
+                    .map(|h| h.fencing_token.to_string())
+                    .collect();
+                format!(
+                    "{} is held by {} holders (tokens {})",
+                    args.resource,
+                    tokens.len(),
+                    tokens.join(", ")
+                )
             } else if response.held {
                 format!("{} is held", args.resource)
             } else {

@@ -516,7 +516,7 @@ impl LockServiceImpl {
                 expires_at_ms: self.wall_time(shard_id, v.expires_at_ms),
                 queue_length: v.queue_len,
                 // The newest grant's (holders rise in token order).
-                last_token: v.holders.last().map_or(v.token, |h| h.token).as_i64(),
+                last_token: v.last_token.as_i64(),
                 shard_id,
                 epoch: read.epoch,
                 value: v.value.as_bytes().to_vec(),

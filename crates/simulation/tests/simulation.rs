@@ -25,8 +25,10 @@ const DEFAULT_SEEDS: u64 = 200;
 /// The seed range is split into this many tests (run in parallel).
 const PARTS: u64 = 4;
 /// Seeds the broken-variant tests try before concluding the checkers are
-/// blind to the bug.
-const BROKEN_SEEDS: u64 = 60;
+/// blind to the bug. (Each stops at its first catch; acknowledging before
+/// persisting needs the most: seed 100 since the shared lock and the
+/// semaphore joined the workload.)
+const BROKEN_SEEDS: u64 = 200;
 
 fn replay_command(seed: u64) -> String {
     format!("FENCELOCK_SIM_SEED={seed} cargo test -p fencelock-simulation --test simulation -- --nocapture")
@@ -133,10 +135,17 @@ fn a_seed_replays_to_the_identical_history() {
     assert_eq!(first.events, second.events, "seed 7 did not replay exactly");
 }
 
-/// Runs broken-variant seeds until one fails `checker`.
+/// Runs broken-variant seeds until one fails `checker`. A seed whose run
+/// the broken store itself stops (raft-rs asserting on a log a bug made
+/// inconsistent) proves nothing about the checker and is passed over.
 fn first_seed_failing(options: impl Fn(u64) -> SimOptions, checker: &str) -> Option<u64> {
     (1..=BROKEN_SEEDS).find(|&seed| {
-        let run = sim::run(&options(seed));
+        let options = options(seed);
+        let Ok(run) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| sim::run(&options)))
+        else {
+            println!("broken variant, seed {seed}: the store stopped the run; next seed");
+            return false;
+        };
         let caught = run.failures().iter().any(|v| v.checker == checker);
         if caught {
             println!(

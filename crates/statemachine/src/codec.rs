@@ -786,7 +786,8 @@ impl LockTable {
 /// With [`RecordLevel::Values`] (snapshot version 5, export version 4)
 /// each holder and waiter ends with its value; with [`RecordLevel::Modes`]
 /// (snapshot 6, export 5) a record lists its holders (a count, then each)
-/// and each holder and waiter ends with its value and mode. Below `Modes`
+/// and its last token, and each holder and waiter ends with its value and
+/// mode. Below `Modes`
 /// a record has exactly one holder and everything is exclusive.
 fn write_record(w: &mut Writer, name: &ResourceName, record: &Record, level: RecordLevel) {
     w.name(name);
@@ -811,6 +812,12 @@ fn write_record(w: &mut Writer, name: &ResourceName, record: &Record, level: Rec
         if level == RecordLevel::Modes {
             write_mode(w, h.mode);
         }
+    }
+    if level == RecordLevel::Modes {
+        w.u64(record.last_token.as_u64());
+    } else {
+        // Below modes the one holder is the newest grant.
+        assert_eq!(record.last_token, record.holders[0].token, "{name}");
     }
     w.u32(record.waiters.len() as u32);
     for waiter in &record.waiters {
@@ -856,6 +863,7 @@ fn read_record(r: &mut Reader, level: RecordLevel) -> Result<(ResourceName, Reco
     let mut record = Record {
         holders: Vec::with_capacity(holders),
         waiters: VecDeque::new(),
+        last_token: FencingToken::NONE,
     };
     for _ in 0..holders {
         let lease_id = r.lease()?;
@@ -882,6 +890,18 @@ fn read_record(r: &mut Reader, level: RecordLevel) -> Result<(ResourceName, Reco
             mode,
         });
     }
+    let newest = record.holders.iter().map(|h| h.token).max();
+    record.last_token = if level == RecordLevel::Modes {
+        let last_token = FencingToken::from_u64(r.u64()?);
+        if newest.is_some_and(|t| last_token < t) {
+            return Err(DecodeError::Invalid(format!(
+                "{name}: last token {last_token} below a holder's"
+            )));
+        }
+        last_token
+    } else {
+        newest.expect("one holder")
+    };
     let n = r.count(16 + 4 + 4 + 24 + 4)?;
     record.waiters.reserve(n);
     for _ in 0..n {

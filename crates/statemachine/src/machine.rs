@@ -95,12 +95,17 @@ pub(crate) struct Record {
     /// empty: a record without holders is deleted.
     pub holders: Vec<Holder>,
     pub waiters: VecDeque<Waiter>,
+    /// The highest token granted while the record has existed (`Get`'s
+    /// last token): a newer holding of a shared lock or a semaphore may
+    /// end before an older one, so the holdings alone do not show it.
+    pub last_token: FencingToken,
 }
 
 impl Record {
     /// A record with one holder and nobody waiting.
     pub(crate) fn held_by(holder: Holder) -> Record {
         Record {
+            last_token: holder.token,
             holders: vec![holder],
             waiters: VecDeque::new(),
         }
@@ -720,6 +725,8 @@ impl LockTable {
                 // together, and tokens rise along the list.
                 assert!(record.fits(holder.mode), "{resource}: grant does not fit");
                 debug_assert!(record.holders.last().is_none_or(|h| h.token < holder.token));
+                assert!(record.last_token < holder.token, "{resource}: tokens rise");
+                record.last_token = holder.token;
                 record.holders.push(holder);
             }
             None => {
@@ -1360,6 +1367,7 @@ impl LockTable {
                 queue_len: r.waiters.len() as u32,
                 value: first.value.clone(),
                 mode: first.mode,
+                last_token: r.last_token,
                 holders: (r.holders.iter())
                     .map(|h| HolderView {
                         lease_id: h.lease_id,
@@ -1539,6 +1547,15 @@ impl LockTable {
             }
             if (record.holders.windows(2)).any(|pair| pair[0].token >= pair[1].token) {
                 return Err(format!("{name}: holders out of grant order"));
+            }
+            // The last token is the newest grant's: at least every
+            // holding's, above none minted, and an exclusive holder's own
+            // (nothing is granted beside it, so nothing after it).
+            if record.last_token < last.token || record.last_token > self.max_token {
+                return Err(format!("{name}: last token {}", record.last_token));
+            }
+            if kind == AcquireMode::Exclusive && record.last_token != first.token {
+                return Err(format!("{name}: last token beyond the exclusive holder's"));
             }
             // FIFO: a waiter at the head that fits would have been granted.
             if record.waiters.front().is_some_and(|w| record.fits(w.mode)) {

@@ -102,7 +102,7 @@ impl LockTable {
             .collect();
         let max_token = records
             .iter()
-            .flat_map(|(_, r)| r.holders.iter().map(|h| h.token))
+            .map(|(_, r)| r.last_token)
             .chain(dedup.iter().filter_map(|(_, e)| e.state.token()))
             .max()
             .unwrap_or(FencingToken::NONE);

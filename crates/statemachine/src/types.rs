@@ -559,6 +559,10 @@ pub struct LockView {
     pub value: HolderValue,
     /// The mode of the oldest holding; every holding's mode is of its kind.
     pub mode: AcquireMode,
+    /// The highest token granted since the resource was last free (what
+    /// `Get` reports as the last token): the holding granted last may have
+    /// ended before older ones. For an exclusive lock, the holder's.
+    pub last_token: FencingToken,
     /// Every holding, oldest grant first (tokens rising); the first is the
     /// one the fields above describe. One entry for an exclusive lock.
     pub holders: Vec<HolderView>,

@@ -108,6 +108,9 @@ struct MWaiter {
 struct MRecord {
     holders: Vec<MHolder>,
     queue: VecDeque<MWaiter>,
+    /// The highest token granted since the record was created (`Get`'s
+    /// last token: a newer shared holder may leave before an older one).
+    last_token: FencingToken,
 }
 
 impl MRecord {
@@ -196,6 +199,7 @@ impl Model {
             queue_len: rec.queue.len() as u32,
             value: first.value,
             mode: first.mode,
+            last_token: rec.last_token,
             holders,
         })
     }
@@ -454,7 +458,9 @@ impl Model {
                     lease_ttl_ms: w.ttl,
                     from_queue: true,
                 });
-                self.held.get_mut(r).unwrap().holders.push(MHolder {
+                let rec = self.held.get_mut(r).unwrap();
+                rec.last_token = token;
+                rec.holders.push(MHolder {
                     lease: w.lease,
                     req: w.req,
                     token,
@@ -608,22 +614,20 @@ impl Model {
                 .mint(token::POSITION_SOFT_LIMIT)
                 .ok_or(LockError::TokenSpaceExhausted { epoch: self.epoch })?;
             let expires = now + ttl;
-            self.held
-                .entry(r.clone())
-                .or_default()
-                .holders
-                .push(MHolder {
-                    lease,
-                    req: req.clone(),
-                    token,
-                    granted: now,
-                    ttl,
-                    stamped: expires,
-                    expires,
-                    attempt: FIRST_ATTEMPT,
-                    value: value.to_vec(),
-                    mode,
-                });
+            let rec = self.held.entry(r.clone()).or_default();
+            rec.last_token = token;
+            rec.holders.push(MHolder {
+                lease,
+                req: req.clone(),
+                token,
+                granted: now,
+                ttl,
+                stamped: expires,
+                expires,
+                attempt: FIRST_ATTEMPT,
+                value: value.to_vec(),
+                mode,
+            });
             self.dedup
                 .insert((r.clone(), req.clone()), (lease, ttl, MDedup::Held(token)));
             ev.push(Event::Granted {

@@ -394,3 +394,42 @@ fn shared_holders_and_their_waiters_move_between_shards() {
     assert_eq!(granted(&out), [3]);
     assert!(target.table.view(&name("acme/table")).unwrap().token > t2);
 }
+
+#[test]
+fn the_last_token_stays_the_newest_grant_when_a_newer_reader_leaves_first() {
+    let mut s = Shard::new();
+    let t1 = s.holds("acme/table", 1, SHARED);
+    let t2 = s.holds("acme/table", 2, SHARED);
+    s.release("acme/table", 2);
+    let view = s.table.view(&name("acme/table")).unwrap();
+    assert_eq!(view.token, t1);
+    assert_eq!(
+        view.last_token, t2,
+        "Get must not report a token below one granted"
+    );
+    // Kept by the snapshot (apply_full round-trips it) and by a slot move.
+    let restored = LockTable::restore(&s.table.snapshot()).unwrap();
+    assert_eq!(restored.view(&name("acme/table")).unwrap().last_token, t2);
+    let mut moved = SlotSet::default();
+    moved.insert(slot_of(&name("acme/table")));
+    let data = match s.apply(Command::ExportSlots {
+        migration_id: 1,
+        slots: moved,
+    }) {
+        Ok(Reply::Exported { data, .. }) => data,
+        other => panic!("{other:?}"),
+    };
+    let mut target = Shard::with_slots(SlotSet::default());
+    target
+        .apply(Command::ImportSlots {
+            migration_id: 1,
+            epoch: 9,
+            slots: moved,
+            data,
+            clock_offset_allowance_ms: 0,
+            export_clock_ms: None,
+        })
+        .unwrap();
+    let view = target.table.view(&name("acme/table")).unwrap();
+    assert_eq!(view.last_token, t2);
+}

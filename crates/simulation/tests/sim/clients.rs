@@ -818,7 +818,7 @@ impl Clients {
             Some(v) => Reply::Got {
                 held: true,
                 token: v.token.as_i64(),
-                last_token: v.token.as_i64(),
+                last_token: v.last_token.as_i64(),
                 queue_len: v.queue_len,
             },
             None => Reply::Got {
