@@ -6,6 +6,7 @@ import { randomBytes } from "node:crypto";
 import * as grpc from "@grpc/grpc-js";
 import {
   type ClientOptions,
+  MAX_PERMITS,
   MAX_RENEW_BATCH,
   MAX_REQUEST_ID_LEN,
   MAX_VALUE_LEN,
@@ -25,7 +26,9 @@ import {
   renewIntervalMs,
 } from "./lease.js";
 import {
+  type AcquireMode,
   type AcquireResponse,
+  isAcquireMode,
   type LockState,
   leaseStateName,
   reasonName,
@@ -79,6 +82,19 @@ export interface LockOptions {
    * values.
    */
   value?: Uint8Array | string;
+  /**
+   * How to hold the resource: `"exclusive"` (absent: the only holder),
+   * `"shared"` (one of any number of readers, never beside an exclusive
+   * holder) or `"semaphore"` (one of at most `permits` holders). Every grant
+   * has its own token. A resource in use in another kind (a lock as a
+   * semaphore, a semaphore with another count) is refused with
+   * MODE_MISMATCH. Shared and semaphore acquires are refused with
+   * FEATURE_NOT_ENABLED while a member of the cluster runs a build without
+   * them.
+   */
+  mode?: AcquireMode;
+  /** A semaphore's permit count, 1..=1024 (the same for every acquire of it); only with `mode: "semaphore"`. */
+  permits?: number;
   /** Aborting it ends the call; a waiting acquire leaves the server's queue. */
   signal?: AbortSignal;
 }
@@ -259,6 +275,27 @@ function openStream(
   });
 }
 
+/** The mode and permits of an acquire, checked as the server checks them (INVALID_PERMITS) before anything is sent. */
+function checkMode(mode: unknown, permits: unknown): { mode: AcquireMode; permits: number } {
+  const m = mode ?? "exclusive";
+  if (!isAcquireMode(m))
+    throw new FencelockError("INVALID_ARGUMENT", {
+      message: `mode must be "exclusive", "shared" or "semaphore", got ${JSON.stringify(m)}`,
+    });
+  if (m === "semaphore") {
+    if (typeof permits !== "number" || !Number.isInteger(permits) || permits < 1 || permits > MAX_PERMITS)
+      throw new FencelockError("INVALID_ARGUMENT", {
+        message: `a semaphore needs permits in 1..=${MAX_PERMITS}, got ${permits}`,
+      });
+    return { mode: m, permits };
+  }
+  if (permits !== undefined && permits !== 0)
+    throw new FencelockError("INVALID_ARGUMENT", {
+      message: `permits (${permits}) go only with mode "semaphore", not "${m}"`,
+    });
+  return { mode: m, permits: 0 };
+}
+
 function checkMs(name: string, v: unknown, max?: number): number {
   if (v === undefined) return 0;
   if (typeof v !== "number" || !Number.isInteger(v) || v < 0)
@@ -303,8 +340,8 @@ export class Client implements LeaseOwner, WatchHost {
   }
 
   /**
-   * Takes an exclusive lease on `resource`, waiting up to `waitMs` in its
-   * queue if it is held. Retries routing and availability failures until the
+   * Takes a lease on `resource` (exclusive unless `mode` says otherwise),
+   * waiting up to `waitMs` in its queue if it cannot be granted now. Retries routing and availability failures until the
    * call's deadline (callTimeoutMs + waitMs) with one request id, so retries
    * never make a second lease. Rejects with a FencelockError: `isLockHeld`
    * for LOCK_HELD / WAIT_TIMED_OUT, code UNAVAILABLE (with `requestId`) when
@@ -332,12 +369,21 @@ export class Client implements LeaseOwner, WatchHost {
       throw new FencelockError("INVALID_ARGUMENT", {
         message: `value of ${value.length} bytes is over the maximum ${MAX_VALUE_LEN}`,
       });
+    const { mode, permits } = checkMode(options.mode, options.permits);
     const signal = options.signal;
     const deadline = now() + this.#options.callTimeoutMs + waitMs;
     const limit: AttemptLimit = waitMs > 0 ? "untilDeadline" : "bounded";
     let restarts = 0;
     for (;;) {
-      const request = wire.acquireRequest({ resource, requestId, leaseTtlMs: ttlMs, waitTimeoutMs: waitMs, value });
+      const request = wire.acquireRequest({
+        resource,
+        requestId,
+        leaseTtlMs: ttlMs,
+        waitTimeoutMs: waitMs,
+        value,
+        mode,
+        permits,
+      });
       let answer: Answer<AcquireResponse>;
       // Starting over with a new id is safe only when the old id's acquire
       // is known to hold nothing, and only for ids this client made up.

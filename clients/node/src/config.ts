@@ -18,6 +18,8 @@ export const MAX_STOP_BY_MARGIN_PERCENT = 50;
 export const MAX_REQUEST_ID_LEN = 64;
 /** Largest value a lease may publish (lock.proto `AcquireRequest.value`), in bytes. */
 export const MAX_VALUE_LEN = 4096;
+/** Most permits of a semaphore (lock.proto `AcquireRequest.permits`). */
+export const MAX_PERMITS = 1024;
 
 export const DEFAULTS = {
   callTimeoutMs: 10_000,

@@ -94,6 +94,16 @@ export class FencelockError extends Error {
     return this.reason !== undefined && LOCK_HELD_REASONS.has(this.reason);
   }
 
+  /**
+   * True for MODE_MISMATCH: the resource is in use in another kind (a lock
+   * while this acquire asked for a semaphore, or the reverse, or a semaphore
+   * of another count; `detail.field` is `mode` or `permits`, whose
+   * `detail.minAllowed` is the count in force). Never retried.
+   */
+  get isModeMismatch(): boolean {
+    return this.reason === "MODE_MISMATCH";
+  }
+
   /** True when the call may or may not have taken effect. */
   get outcomeUnknown(): boolean {
     return this.code === "UNAVAILABLE";
@@ -180,8 +190,9 @@ const DEFAULT_RETRY: Record<string, number> = {
   VALUES_FULL: RETRY_BACKOFF,
   INTERNAL: RETRY_BACKOFF,
   // Everything else (malformed requests, LEASE_NOT_HELD, HOLD_LIMIT_REACHED,
-  // WAIT_CANCELLED, SHARD_NOT_FOUND, PERMISSION_DENIED, admin reasons,
-  // REASON_UNSPECIFIED and unknown reasons): NEVER.
+  // WAIT_CANCELLED, SHARD_NOT_FOUND, PERMISSION_DENIED, FEATURE_NOT_ENABLED,
+  // MODE_MISMATCH, INVALID_PERMITS, admin reasons, REASON_UNSPECIFIED and
+  // unknown reasons): NEVER.
 };
 
 /** The server's retry policy, or the reason's documented default when it sent none (or one unknown here). */
@@ -203,6 +214,7 @@ export function grpcCodeOfReason(reason: string): number {
     case "INVALID_ADMIN_REQUEST":
     case "MALFORMED_REQUEST":
     case "VALUE_TOO_LARGE":
+    case "INVALID_PERMITS":
       return GrpcStatus.INVALID_ARGUMENT;
     case "LOCK_HELD":
     case "WAIT_TIMED_OUT":
@@ -222,6 +234,7 @@ export function grpcCodeOfReason(reason: string): number {
     case "HOLD_LIMIT_REACHED":
     case "PLACEMENT_CONFLICT":
     case "FEATURE_NOT_ENABLED":
+    case "MODE_MISMATCH":
       return GrpcStatus.FAILED_PRECONDITION;
     case "WAIT_CANCELLED":
       return GrpcStatus.CANCELLED;

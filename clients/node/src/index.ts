@@ -1,7 +1,7 @@
-// @fencelock/client: exclusive leases with fencing tokens, routed to the
-// right node, retried safely, and kept alive in the background — the same
-// rules as the Rust client (docs/client.md); watches of a resource and
-// leader elections.
+// @fencelock/client: leases with fencing tokens (exclusive, shared, or a
+// semaphore's permits), routed to the right node, retried safely, and kept
+// alive in the background — the same rules as the Rust client
+// (docs/client.md); watches of a resource and leader elections.
 
 export { Client } from "./client.js";
 export type { CallOptions, ClientStats, LockOptions } from "./client.js";
@@ -9,6 +9,7 @@ export {
   DEFAULTS,
   MAX_CALL_TIMEOUT_MS,
   MAX_ENDPOINTS,
+  MAX_PERMITS,
   MAX_RENEW_BATCH,
   MAX_REQUEST_ID_LEN,
   MAX_VALUE_LEN,
@@ -20,7 +21,17 @@ export type { ClientOptions, ClientTls } from "./config.js";
 export { FencelockError, LockLostError } from "./errors.js";
 export type { ErrorCode, LostReason } from "./errors.js";
 export { Lease } from "./lease.js";
-export type { ErrorDetail, LeaderHint, LockState, Revision, WatchEvent, WatchEventKind } from "./proto.js";
+export type {
+  AcquireMode,
+  ErrorDetail,
+  Holding,
+  HoldingMode,
+  LeaderHint,
+  LockState,
+  Revision,
+  WatchEvent,
+  WatchEventKind,
+} from "./proto.js";
 export { compareRevisions, Election, formatRevision, parseRevision, Watch } from "./watch.js";
 export type { CampaignOptions, Leader, WatchOptions } from "./watch.js";
 export { MAX_IMMEDIATE_RETRIES } from "./retry.js";

@@ -104,6 +104,46 @@ export function watchEventKindName(value: number): WatchEventKind {
 }
 
 /**
+ * How an acquire holds its resource (`fencelock.v1.AcquireMode`):
+ * `"exclusive"` (the only holder, the default), `"shared"` (one of any
+ * number of readers, never beside an exclusive holder) or `"semaphore"`
+ * (one of at most `permits` holders).
+ */
+export type AcquireMode = "exclusive" | "shared" | "semaphore";
+
+/** A holding's mode as a server reports it; `"unknown"` for a mode this client does not know (a newer server). */
+export type HoldingMode = AcquireMode | "unknown";
+
+const MODE_TO_WIRE: Record<AcquireMode, number> = { exclusive: 0, shared: 1, semaphore: 2 };
+const MODE_FROM_WIRE: readonly AcquireMode[] = ["exclusive", "shared", "semaphore"];
+
+/** `AcquireMode` (enum number) -> its name; an unknown number -> `"unknown"`. */
+export function modeName(value: number): HoldingMode {
+  return MODE_FROM_WIRE[value] ?? "unknown";
+}
+
+/** The wire number of a mode (`AcquireRequest.mode`). */
+export function modeValue(mode: AcquireMode): number {
+  return MODE_TO_WIRE[mode];
+}
+
+/** True for the modes an acquire may ask for. */
+export function isAcquireMode(v: unknown): v is AcquireMode {
+  return typeof v === "string" && Object.prototype.hasOwnProperty.call(MODE_TO_WIRE, v);
+}
+
+/** One holding of a resource (`fencelock.v1.Holding`). */
+export interface Holding {
+  /** Its fencing token (tokens rise in grant order). */
+  fencingToken: bigint;
+  /** When it ends unless renewed (ms since the Unix epoch, the leader's clock); informational. */
+  expiresAtMs: number;
+  /** What it publishes (its acquire's value, or its last proclaim). */
+  value: Buffer;
+  mode: HoldingMode;
+}
+
+/**
  * A place in a resource's history (`fencelock.v1.Revision`): compare
  * (epoch, index, seq) in order (`compareRevisions`); the same on every node.
  * The u64 parts are bigints, so a revision passes through exactly.
@@ -119,7 +159,7 @@ export interface WatchEvent {
   kind: WatchEventKind;
   /** Where it happened; resume after it. Absent only from a server that sent none. */
   revision: Revision | undefined;
-  /** Whether a lease holds the resource after this event. */
+  /** Whether a lease holds the resource after this event (for a shared lock or a semaphore: any of its holdings). */
   held: boolean;
   /** The token of the lease the event is about (STATE: the holder's; 0n when free). */
   fencingToken: bigint;
@@ -131,6 +171,12 @@ export interface WatchEvent {
   gap: boolean;
   /** The shard serving the resource. */
   shardId: number;
+  /**
+   * STATE only: every holding, oldest first (one for an exclusive lock;
+   * `fencingToken` is the first's). Other events are about the one lease
+   * `fencingToken` names: empty.
+   */
+  holders: Holding[];
 }
 
 /** Where a shard's leader is, as the answering node knows it. */
@@ -178,7 +224,12 @@ export interface RenewResponse {
 
 export type RenewResult = { renewed: RenewResponse } | { error: ErrorDetail } | { none: true };
 
-/** A resource's lock state (`Client.get`). The holder's lease id is never included. */
+/**
+ * A resource's lock state (`Client.get`). The holder's lease id is never
+ * included. `fencingToken`, `expiresAtMs`, `value` and `mode` describe the
+ * oldest holding; a shared lock or a semaphore may have more, all of them
+ * in `holders`, oldest first.
+ */
 export interface LockState {
   held: boolean;
   fencingToken: bigint;
@@ -189,6 +240,12 @@ export interface LockState {
   epoch: number;
   /** What the holder publishes (empty when not held or none). */
   value: Buffer;
+  /** The oldest holding's mode (`"exclusive"` when not held). */
+  mode: HoldingMode;
+  /** A semaphore's permit count; 0 for a lock. */
+  permits: number;
+  /** Every holding, oldest first; empty when not held. */
+  holders: Holding[];
 }
 
 const TO_OBJECT: protobuf.IConversionOptions = {
@@ -217,6 +274,24 @@ function big(v: unknown): bigint {
 function buf(v: unknown): Buffer {
   if (v === undefined || v === null) return Buffer.alloc(0);
   return Buffer.from(v as Uint8Array);
+}
+
+export function holdingsFromObject(v: unknown): Holding[] {
+  return ((v as Obj[] | undefined | null) ?? []).map((h) => ({
+    fencingToken: big(h.fencing_token),
+    expiresAtMs: num(h.expires_at_ms),
+    value: buf(h.value),
+    mode: modeName(num(h.mode)),
+  }));
+}
+
+function holdingsToWire(hs: Holding[] | undefined): Obj[] {
+  return (hs ?? []).map((h) => ({
+    fencing_token: h.fencingToken.toString(),
+    expires_at_ms: h.expiresAtMs,
+    value: h.value,
+    mode: h.mode === "unknown" ? 99 : modeValue(h.mode), // "unknown": a number no server sends (fakes only)
+  }));
 }
 
 export function errorDetailFromObject(o: Obj): ErrorDetail {
@@ -298,6 +373,8 @@ export const wire = {
     leaseTtlMs: number;
     waitTimeoutMs: number;
     value?: Uint8Array;
+    mode?: AcquireMode;
+    permits?: number;
   }) =>
     encoder(types.AcquireRequest)({
       resource: r.resource,
@@ -305,6 +382,8 @@ export const wire = {
       lease_ttl_ms: r.leaseTtlMs,
       wait_timeout_ms: r.waitTimeoutMs,
       value: r.value ?? Buffer.alloc(0),
+      mode: modeValue(r.mode ?? "exclusive"),
+      permits: r.permits ?? 0,
     }),
   proclaimRequest: (r: { resource: string; leaseId: Uint8Array; value: Uint8Array }) =>
     encoder(types.ProclaimRequest)({ resource: r.resource, lease_id: r.leaseId, value: r.value }),
@@ -340,6 +419,7 @@ export const wire = {
       expiresAtMs: num(o.expires_at_ms),
       gap: Boolean(o.gap),
       shardId: num(o.shard_id),
+      holders: holdingsFromObject(o.holders),
     };
   },
 
@@ -386,6 +466,9 @@ export const wire = {
       shardId: num(o.shard_id),
       epoch: num(o.epoch),
       value: buf(o.value),
+      mode: modeName(num(o.mode)),
+      permits: num(o.permits),
+      holders: holdingsFromObject(o.holders),
     };
   },
 };
@@ -416,7 +499,8 @@ export const fakeWire = {
       ),
     }),
   releaseResponse: (r: { released: boolean }) => encoder(types.ReleaseResponse)({ released: r.released }),
-  getResponse: (r: Partial<LockState>) =>
+  /** A GetResponse; `modeNumber` sends a raw enum number (a mode this client does not know). */
+  getResponse: (r: Partial<LockState> & { modeNumber?: number }) =>
     encoder(types.GetResponse)({
       held: r.held ?? false,
       fencing_token: (r.fencingToken ?? 0n).toString(),
@@ -426,6 +510,9 @@ export const fakeWire = {
       shard_id: r.shardId ?? 0,
       epoch: r.epoch ?? 0,
       value: r.value ?? Buffer.alloc(0),
+      mode: r.modeNumber ?? (r.mode === undefined || r.mode === "unknown" ? 0 : modeValue(r.mode)),
+      permits: r.permits ?? 0,
+      holders: holdingsToWire(r.holders),
     }),
   /** A WatchEvent; `kind` is the enum number (so tests can send kinds this client does not know). */
   watchEvent: (e: {
@@ -437,6 +524,7 @@ export const fakeWire = {
     expiresAtMs?: number;
     gap?: boolean;
     shardId?: number;
+    holders?: Holding[];
   }) =>
     encoder(types.WatchEvent)({
       kind: e.kind,
@@ -447,6 +535,7 @@ export const fakeWire = {
       expires_at_ms: e.expiresAtMs ?? 0,
       gap: e.gap ?? false,
       shard_id: e.shardId ?? 1,
+      holders: holdingsToWire(e.holders),
     }),
   decodeWatchRequest(bytes: Buffer) {
     const o = decode(types.WatchRequest, bytes);
@@ -464,6 +553,8 @@ export const fakeWire = {
       leaseTtlMs: num(o.lease_ttl_ms),
       waitTimeoutMs: num(o.wait_timeout_ms),
       value: buf(o.value),
+      mode: num(o.mode),
+      permits: num(o.permits),
     };
   },
   decodeRenewBatchRequest(bytes: Buffer) {

@@ -289,6 +289,104 @@ describe("against a real cluster", { skip, timeout: 120_000 }, () => {
     seen.close();
   });
 
+  /** Shared and semaphore acquires are refused with FEATURE_NOT_ENABLED until the controller has raised the cluster format to 5. */
+  async function waitForModes(c) {
+    const end = performance.now() + 60_000;
+    for (;;) {
+      const r = await c.lock(fresh("modes-probe"), { ttlMs: 5000, mode: "shared" }).catch((e) => e);
+      if (!(r instanceof Error)) return r.release();
+      if (r.reason !== "FEATURE_NOT_ENABLED" || performance.now() > end) throw r;
+      await new Promise((res) => setTimeout(res, 500));
+    }
+  }
+
+  test("two readers hold at once with rising tokens while a writer is refused; get and a watch's STATE list both", async () => {
+    const a = client();
+    const b = client();
+    const writer = client();
+    await waitForModes(a);
+    const resource = fresh("readers");
+    const r1 = await within(a.lock(resource, { ttlMs: 30000, mode: "shared" }), 15000, "first reader");
+    const r2 = await within(b.lock(resource, { ttlMs: 30000, mode: "shared" }), 15000, "second reader");
+    assert.ok(r1.isHeld && r2.isHeld);
+    assert.ok(r2.token > r1.token && r1.token > 0n, "every grant mints its own, larger token");
+
+    const refused = await within(writer.lock(resource, { waitMs: 0 }), 15000, "writer").catch((e) => e);
+    assert.ok(refused instanceof FencelockError, String(refused));
+    assert.equal(refused.reason, "LOCK_HELD");
+
+    const state = await writer.get(resource);
+    assert.equal(state.held, true);
+    assert.equal(state.mode, "shared");
+    assert.equal(state.permits, 0);
+    assert.equal(state.fencingToken, r1.token);
+    assert.deepEqual(state.holders.map((h) => [h.fencingToken, h.mode]), [[r1.token, "shared"], [r2.token, "shared"]]);
+    const w = await within(writer.watch(resource), 15000, "watch");
+    const first = await next(w, "the state now");
+    w.close();
+    assert.equal(first.kind, "STATE");
+    assert.deepEqual(first.holders.map((h) => h.fencingToken), [r1.token, r2.token]);
+
+    assert.equal(await r1.release(), true);
+    assert.equal(await r2.release(), true);
+    const exclusive = await within(writer.lock(resource, { waitMs: 0 }), 15000, "writer after the readers");
+    assert.ok(exclusive.token > r2.token);
+    assert.deepEqual((await writer.get(resource)).holders.map((h) => h.mode), ["exclusive"]);
+    await exclusive.release();
+  });
+
+  test("a semaphore of 2 grants two permits and refuses a third", async () => {
+    const [a, b, c] = [client(), client(), client()];
+    await waitForModes(a);
+    const resource = fresh("semaphore");
+    const sem = { ttlMs: 30000, mode: "semaphore", permits: 2 };
+    const p1 = await within(a.lock(resource, sem), 15000, "first permit");
+    const p2 = await within(b.lock(resource, sem), 15000, "second permit");
+    assert.ok(p2.token > p1.token);
+    const third = await within(c.lock(resource, sem), 15000, "third permit").catch((e) => e);
+    assert.equal(third.reason, "LOCK_HELD");
+    const state = await c.get(resource);
+    assert.equal(state.mode, "semaphore");
+    assert.equal(state.permits, 2);
+    assert.deepEqual(state.holders.map((h) => h.fencingToken), [p1.token, p2.token]);
+
+    assert.equal(await p1.release(), true);
+    const p3 = await within(c.lock(resource, sem), 15000, "a permit once one is free");
+    assert.ok(p3.token > p2.token);
+    assert.deepEqual((await c.get(resource)).holders.map((h) => h.fencingToken), [p2.token, p3.token]);
+    await p2.release();
+    await p3.release();
+  });
+
+  test("a resource in use as another kind is refused with MODE_MISMATCH, never retried", async () => {
+    const a = client();
+    const b = client();
+    await waitForModes(a);
+    const semaphore = fresh("mismatch-sem");
+    const held = await a.lock(semaphore, { ttlMs: 30000, mode: "semaphore", permits: 2 });
+    const count = await b.lock(semaphore, { ttlMs: 30000, mode: "semaphore", permits: 3 }).catch((e) => e);
+    assert.ok(count instanceof FencelockError, String(count));
+    assert.equal(count.code, "REJECTED");
+    assert.equal(count.reason, "MODE_MISMATCH");
+    assert.equal(count.isModeMismatch, true);
+    assert.equal(count.retryable, false);
+    assert.equal(count.detail.field, "permits");
+    assert.equal(count.detail.minAllowed, 2);
+    for (const mode of ["exclusive", "shared"]) {
+      const e = await b.lock(semaphore, { ttlMs: 30000, mode }).catch((x) => x);
+      assert.equal(e.reason, "MODE_MISMATCH", mode);
+    }
+    await held.release();
+
+    const lock = fresh("mismatch-lock");
+    const reader = await a.lock(lock, { ttlMs: 30000, mode: "shared" });
+    const e = await b.lock(lock, { ttlMs: 30000, mode: "semaphore", permits: 2 }).catch((x) => x);
+    assert.equal(e.isModeMismatch, true);
+    await reader.release();
+    // Free again: now it may be a semaphore.
+    await (await b.lock(lock, { ttlMs: 30000, mode: "semaphore", permits: 2 })).release();
+  });
+
   // Last: it kills a node.
   test("a killed node: locks and renewals carry on through the other two", async () => {
     const c = client(cluster.endpoints, { attemptTimeoutMs: 1000, connectTimeoutMs: 500 });

@@ -1,15 +1,19 @@
 // Compiled (never run) by test.sh: the public API, as a TypeScript user
 // writes it, type-checks against the emitted declarations.
 import {
+  type AcquireMode,
   Client,
   compareRevisions,
   type Election,
   FencelockError,
+  type Holding,
+  type HoldingMode,
   formatRevision,
   type Leader,
   type Lease,
   type LockState,
   type LostReason,
+  MAX_PERMITS,
   parseRevision,
   type Revision,
   type Watch,
@@ -76,4 +80,22 @@ export async function electing(client: Client): Promise<bigint> {
   await lease.proclaim("10.0.0.7:9443");
   await lease.release();
   return leader?.fencingToken ?? 0n;
+}
+
+export async function modes(client: Client, mode: AcquireMode): Promise<bigint[]> {
+  const reader: Lease = await client.lock("acme/report", { mode: "shared", waitMs: 1000 });
+  const permit: Lease = await client.lock("acme/gpu", { mode: "semaphore", permits: Math.min(4, MAX_PERMITS) });
+  const other: Lease = await client.lock("acme/any", { mode });
+  const state: LockState = await client.get("acme/gpu");
+  const holders: Holding[] = state.holders;
+  const kind: HoldingMode = state.mode;
+  const permits: number = state.permits;
+  void kind, permits;
+  try {
+    await client.lock("acme/gpu", { mode: "semaphore", permits: 2 });
+  } catch (e) {
+    if (e instanceof FencelockError && e.isModeMismatch) void e.detail?.minAllowed;
+  }
+  for (const l of [reader, permit, other]) await l.release();
+  return holders.map((h) => h.fencingToken);
 }

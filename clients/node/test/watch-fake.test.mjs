@@ -62,6 +62,7 @@ test("events are decoded into typed values; tokens are exact bigints", async () 
     expiresAtMs: 1234,
     gap: false,
     shardId: 5,
+    holders: [],
   });
   assert.deepEqual(
     events.map((e) => e.kind),

@@ -1,4 +1,4 @@
-"""fencelock: exclusive leases with fencing tokens.
+"""fencelock: leases with fencing tokens (exclusive, shared, semaphore permits).
 
 Sync API::
 
@@ -13,6 +13,9 @@ Sync API::
         print(event.kind.name, event.revision, event.fencing_token)
 
     lease = client.election("acme/election/db").campaign(b"10.0.0.7:5432", ttl=10)  # leads
+
+    reader = client.acquire("acme/report", mode="shared")               # beside other readers
+    permit = client.acquire("acme/gpu", mode="semaphore", permits=4)    # one of at most 4
 
 asyncio API: ``fencelock.aio.AsyncClient`` (the same, with ``async with``).
 PostgreSQL fencing: ``fencelock.fencing.PgFenceStore`` (extra ``postgres``).
@@ -29,17 +32,20 @@ from .errors import (
     GrpcError,
     InvalidArgumentError,
     InvalidConfigError,
+    InvalidPermitsError,
     LeaseEndedError,
     LeaseLostError,
     LeaseState,
     LockHeldError,
     LostReason,
+    ModeMismatchError,
     PermissionDeniedError,
     Reason,
     RejectedError,
     RetryPolicy,
     UnavailableError,
 )
+from .state import Holding, LockState, Mode
 from .watch import Leader, Revision, Watch, WatchEvent, WatchEventKind
 
 __all__ = [
@@ -55,15 +61,20 @@ __all__ = [
     "ErrorDetail",
     "FencelockError",
     "GrpcError",
+    "Holding",
     "InvalidArgumentError",
     "InvalidConfigError",
+    "InvalidPermitsError",
     "Lease",
     "Leader",
     "LeaseEndedError",
     "LeaseLostError",
     "LeaseState",
     "LockHeldError",
+    "LockState",
     "LostReason",
+    "Mode",
+    "ModeMismatchError",
     "PermissionDeniedError",
     "Reason",
     "RejectedError",

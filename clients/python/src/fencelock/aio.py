@@ -40,6 +40,7 @@ from .errors import (
 )
 from .election import AsyncElection
 from .v1 import lock_pb2
+from .state import LockState, Mode, ModeArg, acquire_mode
 from .watch import ENDED_BY_NODE, Next, NoHeaders, Revision, WatchEvent, WatchProgress, watch_request
 
 _SERVICE = "/fencelock.v1.LockService/"
@@ -216,15 +217,17 @@ class AsyncClient:
     def stats(self) -> ClientStats:
         return self._calls.stats
 
-    def lock(self, resource: str, ttl: float = 30.0, wait: float = 0.0) -> "_AsyncLockContext":
-        return _AsyncLockContext(self, resource, ttl, wait)
+    def lock(self, resource: str, ttl: float = 30.0, wait: float = 0.0, mode: ModeArg = Mode.EXCLUSIVE,
+             permits: int = 0) -> "_AsyncLockContext":
+        return _AsyncLockContext(self, resource, ttl, wait, mode, permits)
 
     async def acquire(
         self, resource: str, ttl: float = 30.0, wait: float = 0.0, request_id: Optional[bytes] = None,
-        value: bytes = b"",
+        value: bytes = b"", mode: ModeArg = Mode.EXCLUSIVE, permits: int = 0,
     ) -> "AsyncLease":
-        """See ``Client.acquire``. Cancelling it while it waits ends its call,
-        which removes the waiter from the server's queue."""
+        """See ``Client.acquire`` (``mode`` and ``permits`` too). Cancelling
+        it while it waits ends its call, which removes the waiter from the
+        server's queue."""
         _core.check_resource(resource)
         ttl_ms, wait_ms = _ms(ttl), _ms(wait)
         if wait_ms > MAX_WAIT_TIMEOUT_MS:
@@ -233,13 +236,15 @@ class AsyncClient:
             raise InvalidArgumentError(f"request id must be 1..={MAX_REQUEST_ID_LEN} bytes")
         if len(value) > MAX_VALUE_LEN:
             raise InvalidArgumentError(f"value of {len(value)} bytes is over the maximum {MAX_VALUE_LEN}")
+        wire_mode, wire_permits = acquire_mode(mode, permits)
         explicit = request_id is not None
         rid = request_id if request_id is not None else _core.new_request_id()
         deadline = time.monotonic() + (self.config.call_timeout_ms + wait_ms) / 1000.0
         restarts = 0
         while True:
             req = lock_pb2.AcquireRequest(
-                resource=resource, request_id=rid, lease_ttl_ms=ttl_ms, wait_timeout_ms=wait_ms, value=value
+                resource=resource, request_id=rid, lease_ttl_ms=ttl_ms, wait_timeout_ms=wait_ms, value=value,
+                mode=wire_mode, permits=wire_permits,
             )
             may_restart = not explicit and restarts < MAX_ACQUIRE_RESTARTS and time.monotonic() < deadline
             try:
@@ -339,13 +344,14 @@ class AsyncClient:
                              shard_id=None, deadline=deadline)
         return int(a.value.fencing_token)
 
-    async def get(self, resource: str) -> Any:
+    async def get(self, resource: str) -> LockState:
+        """See ``Client.get``."""
         _core.check_resource(resource)
         deadline = time.monotonic() + self.config.call_timeout_ms / 1000.0
         a = await self._calls.call("Get", lock_pb2.GetRequest(resource=resource), lock_pb2.GetResponse,
                                    resource=resource, shard_id=None, deadline=deadline)
         self._calls.router.learn(resource, int(a.value.shard_id), a.url)
-        return a.value
+        return LockState.from_proto(a.value)
 
     async def watch(self, resource: str, after: Optional[Revision] = None, resume: bool = False) -> "AsyncWatch":
         """See ``Client.watch``: returns once a node has taken the watch;
@@ -416,13 +422,14 @@ class AsyncClient:
 
 
 class _AsyncLockContext:
-    def __init__(self, client: AsyncClient, resource: str, ttl: float, wait: float) -> None:
-        self._args = (client, resource, ttl, wait)
+    def __init__(self, client: AsyncClient, resource: str, ttl: float, wait: float, mode: ModeArg,
+                 permits: int) -> None:
+        self._args = (client, resource, ttl, wait, mode, permits)
         self._lease: Optional[AsyncLease] = None
 
     async def __aenter__(self) -> "AsyncLease":
-        client, resource, ttl, wait = self._args
-        self._lease = await client.acquire(resource, ttl=ttl, wait=wait)
+        client, resource, ttl, wait, mode, permits = self._args
+        self._lease = await client.acquire(resource, ttl=ttl, wait=wait, mode=mode, permits=permits)
         return self._lease
 
     async def __aexit__(self, et: Optional[type[BaseException]], ev: Optional[BaseException],

@@ -38,6 +38,7 @@ from .errors import (
 )
 from .election import Election
 from .v1 import lock_pb2
+from .state import LockState, Mode, ModeArg, acquire_mode
 from .watch import Revision, Watch
 
 _SERVICE = "/fencelock.v1.LockService/"
@@ -231,21 +232,30 @@ class Client:
 
     # ---- locks -----------------------------------------------------------
 
-    def lock(self, resource: str, ttl: float = 30.0, wait: float = 0.0) -> "_LockContext":
+    def lock(self, resource: str, ttl: float = 30.0, wait: float = 0.0, mode: ModeArg = Mode.EXCLUSIVE,
+             permits: int = 0) -> "_LockContext":
         """A context manager: acquires on entry (``ttl`` and ``wait`` in
-        seconds), releases on exit."""
-        return _LockContext(self, resource, ttl, wait)
+        seconds; ``mode`` and ``permits`` as ``acquire``), releases on exit."""
+        return _LockContext(self, resource, ttl, wait, mode, permits)
 
     def acquire(
         self, resource: str, ttl: float = 30.0, wait: float = 0.0, request_id: Optional[bytes] = None,
-        value: bytes = b"",
+        value: bytes = b"", mode: ModeArg = Mode.EXCLUSIVE, permits: int = 0,
     ) -> "Lease":
         """Takes the lease, waiting up to ``wait`` seconds in the resource's
         queue (0 = fail at once with LockHeldError). ``ttl`` 0 = the server's
         default. ``request_id``: only to learn the outcome of an earlier
         acquire that failed with UnavailableError (it carries its id).
         ``value``: what the lease publishes while it holds (``get`` returns
-        it; at most 4096 bytes), e.g. an elected leader's address."""
+        it; at most 4096 bytes), e.g. an elected leader's address.
+
+        ``mode``: ``"exclusive"`` (the default: the only holder),
+        ``"shared"`` (one of any number of readers, never beside an exclusive
+        holder) or ``"semaphore"`` (one of at most ``permits`` holders,
+        1..=1024; ``permits`` only with a semaphore, else
+        InvalidArgumentError before any call). Every grant has its own
+        token. A resource used in another kind (a lock as a semaphore, a
+        semaphore with another count) raises ModeMismatchError."""
         _core.check_resource(resource)
         ttl_ms, wait_ms = _ms(ttl), _ms(wait)
         if wait_ms > MAX_WAIT_TIMEOUT_MS:
@@ -255,12 +265,14 @@ class Client:
             raise InvalidArgumentError(f"request id must be 1..={MAX_REQUEST_ID_LEN} bytes")
         if len(value) > MAX_VALUE_LEN:
             raise InvalidArgumentError(f"value of {len(value)} bytes is over the maximum {MAX_VALUE_LEN}")
+        wire_mode, wire_permits = acquire_mode(mode, permits)
         rid = request_id if request_id is not None else _core.new_request_id()
         deadline = time.monotonic() + (self.config.call_timeout_ms + wait_ms) / 1000.0
         restarts = 0
         while True:
             req = lock_pb2.AcquireRequest(
-                resource=resource, request_id=rid, lease_ttl_ms=ttl_ms, wait_timeout_ms=wait_ms, value=value
+                resource=resource, request_id=rid, lease_ttl_ms=ttl_ms, wait_timeout_ms=wait_ms, value=value,
+                mode=wire_mode, permits=wire_permits,
             )
             may_restart = not explicit and restarts < MAX_ACQUIRE_RESTARTS and time.monotonic() < deadline
             try:
@@ -365,14 +377,15 @@ class Client:
                              shard_id=None, deadline=deadline)
         return int(a.value.fencing_token)
 
-    def get(self, resource: str) -> Any:
-        """The resource's lock state (a linearizable ``GetResponse``)."""
+    def get(self, resource: str) -> LockState:
+        """The resource's lock state (a linearizable read): a ``LockState``
+        with the fields of ``GetResponse``, every holding in ``holders``."""
         _core.check_resource(resource)
         deadline = time.monotonic() + self.config.call_timeout_ms / 1000.0
         a = self._calls.call("Get", lock_pb2.GetRequest(resource=resource), lock_pb2.GetResponse,
                              resource=resource, shard_id=None, deadline=deadline)
         self._calls.router.learn(resource, int(a.value.shard_id), a.url)
-        return a.value
+        return LockState.from_proto(a.value)
 
     def watch(self, resource: str, after: Optional[Revision] = None, resume: bool = False) -> Watch:
         """Watches ``resource`` (lock.proto ``Watch``) on a node with a
@@ -467,13 +480,14 @@ class Client:
 
 
 class _LockContext:
-    def __init__(self, client: Client, resource: str, ttl: float, wait: float) -> None:
-        self._args = (client, resource, ttl, wait)
+    def __init__(self, client: Client, resource: str, ttl: float, wait: float, mode: ModeArg,
+                 permits: int) -> None:
+        self._args = (client, resource, ttl, wait, mode, permits)
         self._lease: Optional[Lease] = None
 
     def __enter__(self) -> "Lease":
-        client, resource, ttl, wait = self._args
-        self._lease = client.acquire(resource, ttl=ttl, wait=wait)
+        client, resource, ttl, wait, mode, permits = self._args
+        self._lease = client.acquire(resource, ttl=ttl, wait=wait, mode=mode, permits=permits)
         return self._lease
 
     def __exit__(self, et: Optional[type[BaseException]], ev: Optional[BaseException], tb: Optional[TracebackType]) -> None:

@@ -16,6 +16,8 @@ MAX_STOP_BY_MARGIN_PERCENT = 50
 MAX_REQUEST_ID_LEN = 64
 #: Largest value a lease may publish (lock.proto ``AcquireRequest.value``).
 MAX_VALUE_LEN = 4096
+#: Most permits of a semaphore (lock.proto ``AcquireRequest.permits``).
+MAX_PERMITS = 1024
 
 
 @dataclass(frozen=True)

@@ -51,6 +51,8 @@ class Reason(enum.IntEnum):
     VALUE_TOO_LARGE = 37
     VALUES_FULL = 38
     FEATURE_NOT_ENABLED = 39
+    MODE_MISMATCH = 40
+    INVALID_PERMITS = 41
 
 
 class RetryPolicy(enum.IntEnum):
@@ -182,6 +184,20 @@ class PermissionDeniedError(RejectedError):
     """PERMISSION_DENIED: the caller's identity may not do this."""
 
 
+class ModeMismatchError(RejectedError):
+    """MODE_MISMATCH: the resource is in use in another kind (a lock while
+    this acquire asked for a semaphore, or the reverse, or a semaphore of
+    another permit count; ``detail.field`` is ``mode`` or ``permits``, whose
+    ``min_allowed`` is the count in force). Nothing was changed; never
+    retried: agree on one kind and one count per resource."""
+
+
+class InvalidPermitsError(RejectedError):
+    """INVALID_PERMITS: the server refused a semaphore's permit count (this
+    client refuses one outside 1..=1024, or permits with another mode, with
+    ``InvalidArgumentError`` before sending). Never retried."""
+
+
 class UnavailableError(FencelockError):
     """No definitive answer before the call's deadline: the outcome of a
     write is unknown. ``request_id`` (acquires) lets a later
@@ -255,4 +271,8 @@ def rejected(detail: ErrorDetail, code: str) -> RejectedError:
         return LockHeldError(detail, code)
     if r is Reason.PERMISSION_DENIED:
         return PermissionDeniedError(detail, code)
+    if r is Reason.MODE_MISMATCH:
+        return ModeMismatchError(detail, code)
+    if r is Reason.INVALID_PERMITS:
+        return InvalidPermitsError(detail, code)
     return RejectedError(detail, code)

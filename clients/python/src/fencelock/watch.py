@@ -22,6 +22,7 @@ import grpc
 from . import _core, _policy
 from ._policy import Advice, Backoff, Failure
 from .errors import FencelockError, GrpcError, rejected
+from .state import Holding, holdings
 from .v1 import lock_pb2
 
 if TYPE_CHECKING:
@@ -84,7 +85,8 @@ class WatchEvent:
     #: Where it happened; resume after it. None only from a server that
     #: sent none.
     revision: Optional[Revision]
-    #: Whether a lease holds the resource after this event.
+    #: Whether a lease holds the resource after this event (for a shared
+    #: lock or a semaphore: any of its holdings).
     held: bool
     #: The token of the lease the event is about (STATE: the holder's, 0
     #: when free).
@@ -99,6 +101,10 @@ class WatchEvent:
     gap: bool
     #: The shard serving the resource.
     shard_id: int
+    #: STATE only: every holding, oldest first (one for an exclusive lock;
+    #: ``fencing_token`` is the first's). Other events are about the one
+    #: lease ``fencing_token`` names.
+    holders: tuple[Holding, ...] = ()
 
     @classmethod
     def from_proto(cls, m: Any) -> "WatchEvent":
@@ -115,6 +121,7 @@ class WatchEvent:
             expires_at_ms=int(m.expires_at_ms),
             gap=bool(m.gap),
             shard_id=int(m.shard_id),
+            holders=holdings(m.holders),
         )
 
 
