@@ -9,6 +9,7 @@
 //! | [`fifo`] | waiters certainly queued earlier are granted earlier |
 //! | [`linear`] | acquire / renew / release / get per resource are linearizable against a lock model with lease expiry and unknown outcomes |
 //! | [`liveness`] | after every fault healed, each resource still in use is served within a bound |
+//! | [`watch`] | each watcher's stream (resumed across reconnects) has rising revisions and grant tokens, and misses no grant clients were told of between two it saw, unless the node marked a gap |
 //!
 //! Lease time is reasoned about on the client's monotonic clock: a lease
 //! granted (or renewed) by a call *sent* at `t` whose answer granted `ttl`
@@ -24,6 +25,7 @@ mod leases;
 pub mod linear;
 pub mod liveness;
 pub mod tokens;
+pub mod watch;
 pub mod windows;
 
 use std::fmt;
@@ -182,6 +184,7 @@ pub fn check_all(history: &History, config: &CheckConfig) -> Vec<Verdict> {
         fifo::check(history),
         linear::check(history, config),
         liveness::check(history, config),
+        watch::check(history),
     ]
 }
 
@@ -244,6 +247,12 @@ pub(crate) mod build {
                     error: why.into(),
                 },
             });
+            self
+        }
+
+        /// Adds one event as it is (a watcher's, for instance).
+        pub fn event(mut self, event: Event) -> Self {
+            self.events.push(event);
             self
         }
 

@@ -233,6 +233,32 @@ pub enum Event {
         phase: Phase,
         detail: String,
     },
+    /// A watcher received one event of its watch (lock.proto `WatchEvent`).
+    /// One watcher process follows one resource, resuming after the last
+    /// revision it received when its stream ends.
+    Watched {
+        process: ProcessId,
+        time_ns: u64,
+        #[serde(flatten)]
+        event: WatchSeen,
+    },
+}
+
+/// One watch event as a watcher received it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WatchSeen {
+    pub resource: String,
+    /// (epoch, log index, place in the entry).
+    pub revision: (u64, u64, u32),
+    /// `state`, `granted`, `value_changed`, `released`, `expired` or
+    /// `cancelled`.
+    pub kind: String,
+    /// The lease the event is about (a STATE: the oldest holding's; 0 when
+    /// free).
+    pub token: i64,
+    /// A STATE sent instead of changes the node no longer had.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub gap: bool,
 }
 
 impl Event {
@@ -242,7 +268,8 @@ impl Event {
             | Event::Ok { time_ns, .. }
             | Event::Fail { time_ns, .. }
             | Event::Unknown { time_ns, .. }
-            | Event::Nemesis { time_ns, .. } => *time_ns,
+            | Event::Nemesis { time_ns, .. }
+            | Event::Watched { time_ns, .. } => *time_ns,
         }
     }
 
@@ -251,7 +278,8 @@ impl Event {
             Event::Invoke { process, .. }
             | Event::Ok { process, .. }
             | Event::Fail { process, .. }
-            | Event::Unknown { process, .. } => Some(*process),
+            | Event::Unknown { process, .. }
+            | Event::Watched { process, .. } => Some(*process),
             Event::Nemesis { .. } => None,
         }
     }
@@ -364,11 +392,21 @@ pub struct FaultEvent {
     pub detail: String,
 }
 
-/// A validated history: operations in invocation order, and the faults.
+/// A watch event in a history: which watcher saw it, when.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Watched {
+    pub process: ProcessId,
+    pub time_ns: u64,
+    pub event: WatchSeen,
+}
+
+/// A validated history: operations in invocation order, the faults, and
+/// what watchers received (in the order each received it).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct History {
     pub ops: Vec<Operation>,
     pub faults: Vec<FaultEvent>,
+    pub watched: Vec<Watched>,
 }
 
 /// Why a list of events is not a history.
@@ -408,6 +446,7 @@ impl History {
         let mut last_time: BTreeMap<ProcessId, u64> = BTreeMap::new();
         let mut ops = Vec::new();
         let mut faults = Vec::new();
+        let mut watched = Vec::new();
         let mut end_ns = 0;
         for (index, event) in events.iter().enumerate() {
             end_ns = end_ns.max(event.time_ns());
@@ -457,6 +496,18 @@ impl History {
                         fault: fault.clone(),
                         phase: *phase,
                         detail: detail.clone(),
+                    });
+                    continue;
+                }
+                Event::Watched {
+                    process,
+                    time_ns,
+                    event,
+                } => {
+                    watched.push(Watched {
+                        process: *process,
+                        time_ns: *time_ns,
+                        event: event.clone(),
                     });
                     continue;
                 }
@@ -511,7 +562,11 @@ impl History {
         for (id, op) in ops.iter_mut().enumerate() {
             op.id = id;
         }
-        Ok(History { ops, faults })
+        Ok(History {
+            ops,
+            faults,
+            watched,
+        })
     }
 
     /// Operations on one resource, in invocation order.

@@ -14,7 +14,7 @@ use std::io::Write as _;
 use std::sync::{Arc, Mutex};
 
 use crate::clock::monotonic_ns;
-use crate::history::{to_jsonl, Call, Event, Phase, ProcessId, Reply};
+use crate::history::{to_jsonl, Call, Event, Phase, ProcessId, Reply, WatchSeen};
 
 #[derive(Clone)]
 pub struct Recorder {
@@ -99,6 +99,14 @@ impl Recorder {
             process,
             time_ns: monotonic_ns(),
             error,
+        });
+    }
+
+    pub fn watched(&self, process: ProcessId, event: WatchSeen) {
+        self.push(Event::Watched {
+            process,
+            time_ns: monotonic_ns(),
+            event,
         });
     }
 

@@ -34,6 +34,8 @@ pub const FINISH_MIGRATION_MS: u64 = 30_000;
 const FIFO_FIRST_PROCESS: ProcessId = 100;
 const FINAL_READER_PROCESS: ProcessId = 500;
 const HOLDER_FIRST_PROCESS: ProcessId = 1_000;
+/// Process ids of the watchers.
+const WATCHER_FIRST_PROCESS: ProcessId = 500;
 
 #[derive(Clone, Debug)]
 pub struct RunConfig {
@@ -409,6 +411,18 @@ impl Load {
                 p,
                 resources.clone(),
                 cfg.seed,
+            )));
+        }
+        // One watcher on each of the first two resources (an exclusive
+        // lock) and the last two (the shared lock and the semaphore).
+        let watched: Vec<&String> = (resources.iter().take(2))
+            .chain(resources.iter().skip(2).rev().take(2))
+            .collect();
+        for (k, resource) in watched.into_iter().enumerate() {
+            tasks.push(tokio::spawn(workload::watcher(
+                ctx.clone(),
+                WATCHER_FIRST_PROCESS + k as ProcessId,
+                resource.clone(),
             )));
         }
         tasks.push(tokio::spawn(workload::fifo_prober(

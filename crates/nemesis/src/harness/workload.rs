@@ -7,6 +7,8 @@
 //!   resource with the token while their stop-by deadline has not passed,
 //!   sometimes renew, read the lock, re-send the acquire's request id (a
 //!   lost reply retried), and release.
+//! * **Watchers** follow resources with the `Watch` call, resuming after
+//!   the last revision on another node when a stream ends.
 //! * **A FIFO prober** builds a queue on its own resource one waiter at a
 //!   time, each joining only after a `Get` showed the previous ones queued,
 //!   so the FIFO checker can prove the order.
@@ -22,7 +24,7 @@ use tokio::time::Instant;
 use super::fence_server::FenceClient;
 use super::lock_client::LockClient;
 use super::recorder::Recorder;
-use crate::history::{Mode, ProcessId};
+use crate::history::{Mode, ProcessId, WatchSeen};
 
 /// Lease TTL of the lock clients: short, so expiry happens during a run.
 pub const CLIENT_TTL_MS: u64 = 3_000;
@@ -190,5 +192,71 @@ pub async fn fifo_prober(ctx: Ctx, first_process: ProcessId, resource: String) {
             let _ = w.await;
         }
         tokio::time::sleep(Duration::from_millis(FIFO_ROUND_PAUSE_MS)).await;
+    }
+}
+
+/// Follows `resource` with the `Watch` call until `ctx.stop`, recording
+/// every event; when a stream ends (its node stopped, a partition, too
+/// slow) it watches again after the last revision received, on the next
+/// node. The watch checker holds the whole run's events to the history.
+pub async fn watcher(ctx: Ctx, process: ProcessId, resource: String) {
+    use fencelock_api::v1::lock_service_client::LockServiceClient;
+    use fencelock_api::v1::{Revision, WatchEventKind, WatchRequest};
+    let mut after: Option<Revision> = None;
+    let mut node = process as usize;
+    while !ctx.stopped() {
+        node += 1;
+        let endpoint = &ctx.endpoints[node % ctx.endpoints.len()];
+        let url = if endpoint.starts_with("http") {
+            endpoint.clone()
+        } else {
+            format!("http://{endpoint}")
+        };
+        let stream = async {
+            let mut client = LockServiceClient::connect(url).await.ok()?;
+            let request = WatchRequest {
+                resource: resource.clone(),
+                after,
+            };
+            client.watch(request).await.ok().map(|r| r.into_inner())
+        };
+        let Ok(Some(mut events)) = tokio::time::timeout(Duration::from_secs(2), stream).await
+        else {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            continue;
+        };
+        loop {
+            let next = tokio::time::timeout(Duration::from_millis(500), events.message()).await;
+            let event = match next {
+                Ok(Ok(Some(event))) => event,
+                // No event for a while: look at the stop flag, go on.
+                Err(_) if !ctx.stopped() => continue,
+                _ => break,
+            };
+            let Some(revision) = event.revision else {
+                break;
+            };
+            let kind = match event.kind() {
+                WatchEventKind::State => "state",
+                WatchEventKind::Granted => "granted",
+                WatchEventKind::ValueChanged => "value_changed",
+                WatchEventKind::Released => "released",
+                WatchEventKind::Expired => "expired",
+                WatchEventKind::Cancelled => "cancelled",
+                WatchEventKind::Unspecified => "unspecified",
+            };
+            ctx.recorder.watched(
+                process,
+                WatchSeen {
+                    resource: resource.clone(),
+                    revision: (revision.epoch, revision.index, revision.seq),
+                    kind: kind.to_owned(),
+                    token: event.fencing_token,
+                    gap: event.gap,
+                },
+            );
+            after = Some(revision);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
