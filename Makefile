@@ -58,7 +58,8 @@ clean:
 # ---- Benchmarks (loadtest/, docs/benchmarks.md) ---------------------------
 # `make bench` runs the side-by-side comparison with etcd end to end:
 # installs etcd if missing, builds release binaries, runs every profile
-# against a fresh local 3-node cluster of each system, and writes
+# against a fresh local 3-node cluster of each system (`watch` and
+# `failover` against fencelock only: etcd has no counterpart), and writes
 # target/bench/{results.json,report.html,tables.md}. Extra harness flags go
 # in BENCH_ARGS (for example BENCH_ARGS="--quick"). `make bench-smoke` is the
 # short run that `make test` already includes.

@@ -4,7 +4,8 @@
 //!   `--endpoints`).
 //! * `compare` — the side-by-side suite behind `make bench`: every profile
 //!   against fencelock and against etcd, each on a fresh local cluster, one
-//!   report.
+//!   report (the fencelock-only profiles, `watch` and `failover`, against
+//!   fencelock alone).
 //! * `client-load` — load from client processes of the Python package
 //!   (`clients/python/bench.py`), ops/s per process and in total.
 
@@ -156,8 +157,9 @@ struct CompareArgs {
     /// Targets to compare.
     #[arg(long, value_enum, value_delimiter = ',', default_values_t = [TargetKind::Fencelock, TargetKind::Etcd])]
     targets: Vec<TargetKind>,
-    /// Profiles to run against each target.
-    #[arg(long, value_enum, value_delimiter = ',', default_values_t = [ProfileKind::Seed, ProfileKind::Contended, ProfileKind::Saturate, ProfileKind::Capacity])]
+    /// Profiles to run against each target (`watch` and `failover` against
+    /// fencelock only).
+    #[arg(long, value_enum, value_delimiter = ',', default_values_t = [ProfileKind::Seed, ProfileKind::Contended, ProfileKind::Saturate, ProfileKind::Capacity, ProfileKind::Watch, ProfileKind::Failover])]
     profiles: Vec<ProfileKind>,
     #[command(flatten)]
     common: CommonArgs,
@@ -250,6 +252,41 @@ struct CommonArgs {
     /// (default 1; 0 stops at the first failed step).
     #[arg(long)]
     confirm_misses: Option<u32>,
+
+    // ---- watch ----
+    /// Watch streams (watch).
+    #[arg(long)]
+    watchers: Option<u32>,
+    /// Busy resources the watchers watch and the lock clients lock (watch).
+    #[arg(long)]
+    watch_resources: Option<u32>,
+    /// Closed-loop lock callers per busy resource (watch).
+    #[arg(long)]
+    lock_clients: Option<u32>,
+    /// How long a lock client holds each lease, in ms (watch).
+    #[arg(long)]
+    watch_hold_ms: Option<u64>,
+    /// Seconds of each watch phase (without, then with the watchers).
+    #[arg(long)]
+    watch_phase_s: Option<u64>,
+
+    // ---- failover ----
+    /// Elections (failover).
+    #[arg(long)]
+    elections: Option<u32>,
+    /// Campaigners per election (failover).
+    #[arg(long)]
+    candidates: Option<u32>,
+    /// Lease TTL of the campaigners, in ms (failover).
+    #[arg(long)]
+    election_ttl_ms: Option<u64>,
+    /// Repetitions of the leader crash (failover).
+    #[arg(long)]
+    crash_reps: Option<u32>,
+    /// Repetitions of the shard leader node kill (failover; 0 with
+    /// --endpoints).
+    #[arg(long)]
+    kill_reps: Option<u32>,
 }
 
 impl CommonArgs {
@@ -266,6 +303,11 @@ impl CommonArgs {
             p.contended.duration_s = 5;
             p.saturate.step_s = 3;
             p.saturate.max_steps = 4;
+            p.watch.watchers = 100;
+            p.watch.phase_s = 3;
+            p.failover.crash_reps = 1;
+            p.failover.kill_reps = 1;
+            p.failover.ttl_ms = 1_000;
         }
         let s = &mut p.seed;
         s.duration_s = self.duration_s.unwrap_or(s.duration_s);
@@ -285,6 +327,18 @@ impl CommonArgs {
         t.step_s = self.step_s.unwrap_or(t.step_s);
         t.p99_bound_ms = self.p99_bound_ms.unwrap_or(t.p99_bound_ms);
         t.confirm_misses = self.confirm_misses.unwrap_or(t.confirm_misses);
+        let w = &mut p.watch;
+        w.watchers = self.watchers.unwrap_or(w.watchers);
+        w.resources = self.watch_resources.unwrap_or(w.resources);
+        w.lock_clients = self.lock_clients.unwrap_or(w.lock_clients);
+        w.hold_ms = self.watch_hold_ms.unwrap_or(w.hold_ms);
+        w.phase_s = self.watch_phase_s.unwrap_or(w.phase_s);
+        let f = &mut p.failover;
+        f.elections = self.elections.unwrap_or(f.elections);
+        f.candidates = self.candidates.unwrap_or(f.candidates);
+        f.ttl_ms = self.election_ttl_ms.unwrap_or(f.ttl_ms);
+        f.crash_reps = self.crash_reps.unwrap_or(f.crash_reps);
+        f.kill_reps = self.kill_reps.unwrap_or(f.kill_reps);
         p
     }
 
@@ -322,6 +376,7 @@ async fn run(cli: Cli) -> Result<(), BenchError> {
                 .flat_map(|&t| {
                     args.profiles
                         .iter()
+                        .filter(move |p| t == TargetKind::Fencelock || !p.fencelock_only())
                         .map(move |&p| (args.common.setup(t, None), p))
                 })
                 .collect(),

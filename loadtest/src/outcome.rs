@@ -18,10 +18,20 @@ pub enum Op {
     /// `contended` only: from a holder sending its release to the next
     /// waiter receiving its grant. Not a request of its own.
     Handoff,
+    /// `watch` only: from a lock client's acquire or release answer
+    /// arriving to one watcher receiving the matching event. One per
+    /// watcher and change; not a request of its own.
+    Delivery,
 }
 
 impl Op {
-    pub const ALL: [Op; 4] = [Op::Acquire, Op::Renew, Op::Release, Op::Handoff];
+    pub const ALL: [Op; 5] = [
+        Op::Acquire,
+        Op::Renew,
+        Op::Release,
+        Op::Handoff,
+        Op::Delivery,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -29,6 +39,7 @@ impl Op {
             Op::Renew => "renew",
             Op::Release => "release",
             Op::Handoff => "handoff",
+            Op::Delivery => "delivery",
         }
     }
 }

@@ -14,9 +14,13 @@ use crate::driver::{Backend, ServerCounters, TargetKind};
 use crate::error::BenchError;
 use crate::outcome::Op;
 use crate::profile::contended::ContendedConfig;
+use crate::profile::failover::FailoverConfig;
 use crate::profile::saturate::SaturateConfig;
 use crate::profile::seed::{ScheduledEvent, SeedConfig};
-use crate::profile::{contended, saturate, seed, ProfileFindings, ProfileKind, RunContext};
+use crate::profile::watch::WatchConfig;
+use crate::profile::{
+    contended, failover, saturate, seed, watch, ProfileFindings, ProfileKind, RunContext,
+};
 use crate::stats::Summary;
 
 /// Shards per fencelock node in local clusters: `fencelock dev`'s default.
@@ -55,6 +59,8 @@ pub struct Profiles {
     pub seed: SeedConfig,
     pub contended: ContendedConfig,
     pub saturate: SaturateConfig,
+    pub watch: WatchConfig,
+    pub failover: FailoverConfig,
 }
 
 /// Figures derived from the counters and the summary.
@@ -195,6 +201,13 @@ pub async fn run_one(
     profile: ProfileKind,
     profiles: &Profiles,
 ) -> Result<RunResult, BenchError> {
+    if profile.fencelock_only() && setup.kind != TargetKind::Fencelock {
+        return Err(BenchError::InvalidArgument(format!(
+            "the {} profile is fencelock only (etcd has no counterpart of its API in the \
+             harness)",
+            profile.name()
+        )));
+    }
     if profile == ProfileKind::Capacity && setup.endpoints.is_some() {
         return Err(BenchError::InvalidArgument(
             "the capacity profile kills and restarts a node, so it needs a local cluster \
@@ -226,7 +239,12 @@ pub async fn run_one(
         return Err(e);
     }
     let load_at_start = load_avg_1m();
-    let mut ctx = RunContext::new(backend.clone(), setup.op_timeout, setup.max_in_flight);
+    let mut ctx = RunContext::new(
+        backend.clone(),
+        endpoints.clone(),
+        setup.op_timeout,
+        setup.max_in_flight,
+    );
     ctx.progress = setup.progress;
     if setup.progress {
         eprintln!(
@@ -269,6 +287,10 @@ pub async fn run_one(
         ProfileKind::Saturate => {
             ProfileFindings::Saturate(saturate::run(&ctx, &profiles.saturate).await?)
         }
+        ProfileKind::Watch => ProfileFindings::Watch(watch::run(&ctx, &profiles.watch).await?),
+        ProfileKind::Failover => ProfileFindings::Failover(
+            failover::run(&ctx, &profiles.failover, cluster.as_ref()).await?,
+        ),
     };
     if setup.progress {
         eprintln!();

@@ -8,6 +8,7 @@
 use std::time::Duration;
 
 use fencelock_bench::driver::TargetKind;
+use fencelock_bench::error::BenchError;
 use fencelock_bench::outcome::Op;
 use fencelock_bench::profile::saturate::LoadMode;
 use fencelock_bench::profile::{ProfileFindings, ProfileKind};
@@ -36,6 +37,16 @@ fn tiny_profiles() -> Profiles {
     // Generous: this checks the mechanics, not the speed of a debug build
     // on a shared machine.
     p.saturate.p99_bound_ms = 5_000.0;
+    p.watch.watchers = 30;
+    p.watch.resources = 3;
+    p.watch.lock_clients = 1;
+    p.watch.phase_s = 2;
+    p.watch.watchers_per_client = 10;
+    p.failover.elections = 1;
+    p.failover.candidates = 2;
+    p.failover.ttl_ms = 1_000;
+    p.failover.crash_reps = 1;
+    p.failover.kill_reps = 1;
     p
 }
 
@@ -177,4 +188,85 @@ async fn capacity_kills_and_restarts_a_node_process_of_a_local_cluster() {
     assert!(run.nodes.iter().all(|n| n.peak_rss_mib > 0.0));
     // With one replica of three down the cluster keeps serving.
     assert!(ok_count(&run, Op::Acquire) > 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn watch_delivers_every_change_to_every_watcher_of_a_real_cluster() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (_nodes, endpoints) = start_in_process_cluster(tmp.path()).await;
+    let target = setup(TargetKind::Fencelock, Some(endpoints), tmp.path());
+    let profiles = tiny_profiles();
+    let run = suite::run_one(&target, ProfileKind::Watch, &profiles)
+        .await
+        .unwrap();
+    let ProfileFindings::Watch(f) = &run.findings else {
+        panic!("watch findings expected");
+    };
+    assert_eq!(f.watchers_ready, 30, "every watcher got its first event");
+    for phase in [&f.without_watchers, &f.with_watchers] {
+        assert!(phase.lock_ops_per_s > 0.0, "{f:?}");
+        assert_eq!(phase.failed, 0, "{:?}", run.summary.error_samples);
+    }
+    // Every grant and release reached each of its resource's 10 watchers,
+    // matched by token and kind; nothing arrived that no lock client was
+    // answered for.
+    assert!(f.changes > 0);
+    assert_eq!(f.deliveries_expected, f.changes * 10);
+    assert_eq!(f.delivered, f.deliveries_expected, "{f:?}");
+    assert_eq!((f.missed, f.unmatched, f.gaps), (0, 0, 0), "{f:?}");
+    assert_eq!(f.watch_errors, 0, "{:?}", f.error_samples);
+    assert_eq!(ok_count(&run, Op::Delivery), f.delivered);
+    let tables = suite_tables(run, tmp.path());
+    assert!(tables.contains("### Watch: delivery"), "{tables}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn failover_sees_the_next_leader_after_a_crash_and_a_node_kill() {
+    let tmp = tempfile::tempdir().unwrap();
+    let target = setup(TargetKind::Fencelock, None, tmp.path());
+    let run = suite::run_one(&target, ProfileKind::Failover, &tiny_profiles())
+        .await
+        .unwrap_or_else(|e| {
+            panic!("{e} (the `fencelock` binary is built by `cargo build --workspace`)")
+        });
+    let ProfileFindings::Failover(f) = &run.findings else {
+        panic!("failover findings expected");
+    };
+    assert_eq!((f.crash.len(), f.kill.len()), (1, 1));
+    assert_eq!(f.failed_reps, 0, "{f:?}");
+    for rep in f.crash.iter().chain(&f.kill) {
+        assert!(
+            rep.observed_ms.is_some() && rep.leader_read_ms.is_some(),
+            "{rep:?}"
+        );
+    }
+    assert!(f.kill[0].killed_node.is_some() && f.kill[0].served_ms.is_some());
+    assert_eq!(f.token_regressions, 0);
+    let tables = suite_tables(run, tmp.path());
+    assert!(tables.contains("### Failover"), "{tables}");
+}
+
+#[tokio::test]
+async fn fencelock_only_profiles_refuse_etcd() {
+    let tmp = tempfile::tempdir().unwrap();
+    let target = setup(
+        TargetKind::Etcd,
+        Some(vec!["127.0.0.1:1".to_owned()]),
+        tmp.path(),
+    );
+    for profile in [ProfileKind::Watch, ProfileKind::Failover] {
+        let result = suite::run_one(&target, profile, &tiny_profiles()).await;
+        assert!(
+            matches!(result, Err(BenchError::InvalidArgument(_))),
+            "{profile:?}"
+        );
+    }
+}
+
+/// The Markdown tables of a report of one run (written under `dir`).
+fn suite_tables(run: RunResult, dir: &std::path::Path) -> String {
+    let report = Report::new(Machine::probe(None), tiny_profiles(), vec![run]);
+    let out = dir.join("report");
+    report.write(&out).unwrap();
+    std::fs::read_to_string(out.join("tables.md")).unwrap()
 }

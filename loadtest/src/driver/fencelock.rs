@@ -488,6 +488,16 @@ impl FencelockDriver {
         (0..led.len()).max_by_key(|&i| led[i])
     }
 
+    /// The index (in the endpoint list) of the node that leads the shard of
+    /// `resource`, read from the admin API now.
+    pub async fn leader_of(&self, resource: &str) -> Option<usize> {
+        self.refresh_routes().await.ok()?;
+        let name = ResourceName::parse(resource).ok()?;
+        let routes = self.inner.routes.read().unwrap_or_else(|e| e.into_inner());
+        let shard = *routes.slot_shard.get(slot_of(&name) as usize)?;
+        routes.shard_endpoint.get(&shard).copied()
+    }
+
     pub async fn counters(&self) -> ServerCounters {
         let mut counters = ServerCounters::default();
         for admin in &self.inner.admin {

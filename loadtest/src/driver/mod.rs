@@ -190,6 +190,16 @@ impl Backend {
         }
     }
 
+    /// The index (in the endpoint list) of the node that leads the shard of
+    /// `resource` (fencelock only; etcd has one group, see
+    /// [`busiest_leader`](Self::busiest_leader)).
+    pub async fn leader_of(&self, resource: &str) -> Option<usize> {
+        match self {
+            Backend::Fencelock(d) => d.leader_of(resource).await,
+            Backend::Etcd(d) => d.busiest_leader().await,
+        }
+    }
+
     /// The server's counters now (best effort: unknown fields are `None`).
     pub async fn counters(&self) -> ServerCounters {
         match self {

@@ -5,8 +5,10 @@
 //! [`ProfileFindings`].
 
 pub mod contended;
+pub mod failover;
 pub mod saturate;
 pub mod seed;
+pub mod watch;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -36,6 +38,12 @@ pub enum ProfileKind {
     Saturate,
     /// `seed` with one replica killed, log compaction, and its return.
     Capacity,
+    /// fencelock only: ~1,000 watchers of a few busy resources; delivery
+    /// latency, and lock throughput with and without them.
+    Watch,
+    /// fencelock only: elections whose leader crashes, and whose shard's
+    /// leader node is killed; time until the next leader is seen.
+    Failover,
 }
 
 impl ProfileKind {
@@ -45,7 +53,16 @@ impl ProfileKind {
             ProfileKind::Contended => "contended",
             ProfileKind::Saturate => "saturate",
             ProfileKind::Capacity => "capacity",
+            ProfileKind::Watch => "watch",
+            ProfileKind::Failover => "failover",
         }
+    }
+
+    /// Profiles of APIs etcd has no counterpart of in the harness (watch
+    /// streams of one lock's grants and releases, elections on a fenced
+    /// lock): run against fencelock only.
+    pub fn fencelock_only(self) -> bool {
+        matches!(self, ProfileKind::Watch | ProfileKind::Failover)
     }
 }
 
@@ -53,6 +70,9 @@ impl ProfileKind {
 #[derive(Clone)]
 pub struct RunContext {
     pub backend: Backend,
+    /// The target's client endpoints (`host:port`), for profiles that use
+    /// the Rust client.
+    pub endpoints: Vec<String>,
     pub recorder: Arc<Recorder>,
     /// Deadline of one operation, retries included.
     pub op_timeout: Duration,
@@ -62,9 +82,15 @@ pub struct RunContext {
 }
 
 impl RunContext {
-    pub fn new(backend: Backend, op_timeout: Duration, max_in_flight: usize) -> RunContext {
+    pub fn new(
+        backend: Backend,
+        endpoints: Vec<String>,
+        op_timeout: Duration,
+        max_in_flight: usize,
+    ) -> RunContext {
         RunContext {
             backend,
+            endpoints,
             recorder: Arc::new(Recorder::new()),
             op_timeout,
             in_flight: Arc::new(tokio::sync::Semaphore::new(max_in_flight.max(1))),
@@ -80,6 +106,8 @@ pub enum ProfileFindings {
     Seed(seed::SeedFindings),
     Contended(contended::ContendedFindings),
     Saturate(saturate::SaturateFindings),
+    Watch(watch::WatchFindings),
+    Failover(failover::FailoverFindings),
 }
 
 /// Resources not held by the benchmark, to pick uncontended acquires from.

@@ -16,6 +16,7 @@ fn color(op: Op) -> &'static str {
         Op::Renew => "#2ca02c",
         Op::Release => "#ff7f0e",
         Op::Handoff => "#9467bd",
+        Op::Delivery => "#8c564b",
     }
 }
 
@@ -69,7 +70,8 @@ fn charts(run: &RunResult) -> String {
                 .map(|(t, o)| (*t, o.p50_ms))
                 .collect(),
         });
-        if op != Op::Handoff {
+        // Hand-offs and deliveries are not requests: no throughput line.
+        if op != Op::Handoff && op != Op::Delivery {
             throughput.push(Series {
                 label: format!("{} ok/s", op.name()),
                 color: color(op),

@@ -4,6 +4,8 @@ use std::fmt::Write;
 
 use super::Report;
 use crate::outcome::{Op, Outcome};
+use crate::profile::failover::{FailoverFindings, FailoverRep, Spread};
+use crate::profile::watch::WatchFindings;
 use crate::profile::ProfileFindings;
 use crate::suite::RunResult;
 
@@ -138,6 +140,8 @@ pub fn render(report: &Report) -> String {
                     f.token_regressions
                 );
             }
+            ProfileFindings::Watch(f) => watch_tables(&mut out, run, f),
+            ProfileFindings::Failover(f) => failover_table(&mut out, run, f),
             ProfileFindings::Saturate(_) | ProfileFindings::Seed(_) => {}
         }
     }
@@ -198,4 +202,91 @@ pub fn render(report: &Report) -> String {
         }
     }
     out
+}
+
+fn watch_tables(out: &mut String, run: &RunResult, f: &WatchFindings) {
+    let _ = writeln!(
+        out,
+        "\n### Watch: the cost to lock throughput ({})\n\n{} watchers over {} busy resources, {} closed-loop lock clients per resource; the same lock load without, then with the watchers.\n\n| phase | lock ops/s | acquire p50 ms | acquire p99 ms | release p99 ms | failed |\n|---|---:|---:|---:|---:|---:|",
+        run.target.name(),
+        f.watchers,
+        f.resources,
+        f.lock_clients
+    );
+    for (label, p) in [
+        ("without watchers", &f.without_watchers),
+        ("with watchers", &f.with_watchers),
+    ] {
+        let _ = writeln!(
+            out,
+            "| {label} | {:.0} | {:.2} | {:.2} | {:.2} | {} |",
+            p.lock_ops_per_s, p.acquire_p50_ms, p.acquire_p99_ms, p.release_p99_ms, p.failed
+        );
+    }
+    let _ = writeln!(
+        out,
+        "| with / without | {:.2}× | | {:.2}× | | |",
+        f.lock_ops_ratio, f.acquire_p99_ratio
+    );
+    let delivery = run.summary.ops.get(&Op::Delivery);
+    let _ = writeln!(
+        out,
+        "\n### Watch: delivery ({})\n\nFrom the lock client's answer to each watcher's event (matched by resource, token and kind).\n\n| watchers streaming | ready after ms | events/s | changes | owed | delivered | early | missed | unmatched | cut (SERVER_BUSY) | resumed | gaps | p50 ms | p99 ms | p99.9 ms | max ms |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        run.target.name()
+    );
+    let _ = writeln!(
+        out,
+        "| {} | {:.0} | {:.0} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+        f.watchers_ready,
+        f.ready_ms,
+        f.events_per_s,
+        f.changes,
+        f.deliveries_expected,
+        f.delivered,
+        f.delivered_early,
+        f.missed,
+        f.unmatched,
+        f.cut_server_busy,
+        f.resumed,
+        f.gaps,
+        opt(delivery.map(|d| d.p50_ms), 2),
+        opt(delivery.map(|d| d.p99_ms), 2),
+        opt(delivery.map(|d| d.p999_ms), 2),
+        opt(delivery.map(|d| d.max_ms), 2)
+    );
+}
+
+fn failover_table(out: &mut String, run: &RunResult, f: &FailoverFindings) {
+    let spread = |s: &Spread| format!("{} / {}", opt(s.p50_ms, 0), opt(s.max_ms, 0));
+    let _ = writeln!(
+        out,
+        "\n### Failover: elections ({})\n\n{} elections × {} campaigners, lease TTL {} ms. Times in ms from the crash or kill, p50 / max over the repetitions.\n\n| case | reps | failed | `leader()` answers again | next leader's GRANTED observed | `leader()` names the next leader |\n|---|---:|---:|---:|---:|---:|",
+        run.target.name(),
+        f.elections,
+        f.candidates,
+        f.ttl_ms
+    );
+    let failed = |reps: &[FailoverRep]| reps.iter().filter(|r| r.error.is_some()).count();
+    let _ = writeln!(
+        out,
+        "| (a) leader stops renewing (crash) | {} | {} | n/a | {} | {} |",
+        f.crash.len(),
+        failed(&f.crash),
+        spread(&f.crash_observed),
+        spread(&f.crash_leader_read)
+    );
+    let _ = writeln!(
+        out,
+        "| (b) shard leader node killed, leader resigns | {} | {} | {} | {} | {} |",
+        f.kill.len(),
+        failed(&f.kill),
+        spread(&f.kill_served),
+        spread(&f.kill_observed),
+        spread(&f.kill_leader_read)
+    );
+    let _ = writeln!(
+        out,
+        "\nToken regressions seen by the observers: {}.",
+        f.token_regressions
+    );
 }
