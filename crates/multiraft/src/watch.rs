@@ -72,21 +72,6 @@ pub enum Change {
     },
 }
 
-/// The value of `resource`'s holding that `which` picks, in `table` (the
-/// state after the entry); empty when it no longer holds (granted and
-/// ended by one entry).
-fn holder_value(
-    table: &LockTable,
-    resource: &ResourceName,
-    which: impl Fn(&fencelock_statemachine::HolderView) -> bool,
-) -> HolderValue {
-    (table.view(resource).into_iter())
-        .flat_map(|v| v.holders)
-        .find(|h| which(h))
-        .map(|h| h.value)
-        .unwrap_or_default()
-}
-
 /// Whether each event's resource is held right after that event. `table`
 /// is the state after all of them, so the holding counts are walked back
 /// from there: a grant added one, an end took one away.
@@ -101,7 +86,7 @@ fn held_after_each(table: &LockTable, events: &[Event]) -> Vec<bool> {
         };
         let count = holders
             .entry(resource)
-            .or_insert_with(|| table.view(resource).map_or(0, |v| v.holders.len()));
+            .or_insert_with(|| table.holders_of(resource));
         held[i] = *count > 0;
         let before = count.checked_add_signed(-delta);
         debug_assert!(before.is_some(), "{resource}: an event for no holding");
@@ -252,7 +237,8 @@ impl WatchHub {
                 } => {
                     // The holder after this command; its value is the
                     // grant's (a waiter's own, kept since it queued).
-                    let value = holder_value(table, resource, |h| h.lease_id == *lease_id);
+                    let value = table.value_of(resource, *lease_id).cloned();
+                    let value = value.unwrap_or_default();
                     let change = Change::Granted {
                         token: *token,
                         expires_at_ms: *expires_at_ms,
@@ -261,9 +247,12 @@ impl WatchHub {
                     (resource, change)
                 }
                 Event::ValueChanged {
-                    resource, token, ..
+                    resource,
+                    lease_id,
+                    token,
                 } => {
-                    let value = holder_value(table, resource, |h| h.token == *token);
+                    let value = table.value_of(resource, *lease_id).cloned();
+                    let value = value.unwrap_or_default();
                     let change = Change::ValueChanged {
                         token: *token,
                         value,

@@ -1459,10 +1459,15 @@ impl LockTable {
     pub fn held_count(&self) -> usize {
         self.records.len()
     }
-    /// Holdings across all resources (more than `held_count` when shared
-    /// locks or semaphores have several holders).
-    pub fn holding_count(&self) -> usize {
-        self.expiry_index.len()
+    /// How many holdings `resource` has (0: free). A lookup, no copy: the
+    /// watch log asks per applied event.
+    pub fn holders_of(&self, resource: &ResourceName) -> usize {
+        self.records.get(resource).map_or(0, |r| r.holders.len())
+    }
+
+    /// The value `lease_id`'s holding of `resource` publishes, if it holds.
+    pub fn value_of(&self, resource: &ResourceName, lease_id: LeaseId) -> Option<&HolderValue> {
+        Some(&self.records.get(resource)?.holder(lease_id)?.value)
     }
     /// Waiters queued across all resources.
     pub fn waiter_count(&self) -> usize {

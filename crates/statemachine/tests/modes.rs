@@ -3,10 +3,11 @@
 //! fixed kind of a resource, and the encodings that keep a table of
 //! exclusive locks readable by the previous release.
 
+mod common;
+
+use common::{name, snapshot_version, Shard, T0};
 use fencelock_statemachine::limits::MAX_HOLDERS_PER_RESOURCE;
 use fencelock_statemachine::*;
-
-const T0: u64 = 1_700_000_000_000;
 const TTL_MS: u64 = 10_000;
 /// Longer than a lease: waiters outlive the holders they wait for.
 const WAIT_MS: u64 = 25_000;
@@ -18,52 +19,7 @@ fn sem(permits: u32) -> AcquireMode {
     AcquireMode::Semaphore { permits }
 }
 
-struct Shard {
-    table: LockTable,
-    index: u64,
-    now_ms: u64,
-}
-
 impl Shard {
-    fn new() -> Shard {
-        Shard::with_slots(SlotSet::full())
-    }
-
-    fn with_slots(slots: SlotSet) -> Shard {
-        let mut s = Shard {
-            table: LockTable::with_slots(Limits::default(), slots).unwrap(),
-            index: 0,
-            now_ms: T0,
-        };
-        s.apply(Command::LeaderChanged {
-            clock_offset_allowance_ms: 0,
-        })
-        .unwrap();
-        s
-    }
-
-    fn apply_full(&mut self, c: Command) -> Outcome {
-        self.index += 1;
-        let ctx = ApplyContext {
-            index: self.index,
-            term: 1,
-            epoch: self.table.epoch().max(1),
-            now_ms: self.now_ms,
-        };
-        let out = self.table.apply(&c, &ctx);
-        // Every command survives its log encoding, and every table its
-        // snapshot; the invariants hold after every entry.
-        assert_eq!(Command::decode(&c.encode()), Ok(c));
-        assert_eq!(self.table.check_invariants(), Ok(()));
-        let restored = LockTable::restore(&self.table.snapshot()).unwrap();
-        assert_eq!(restored.snapshot(), self.table.snapshot());
-        out
-    }
-
-    fn apply(&mut self, c: Command) -> Result<Reply, LockError> {
-        self.apply_full(c).reply
-    }
-
     /// Acquires `res` in `mode` as lease `lease`, waiting up to `wait_ms`.
     fn acquire(
         &mut self,
@@ -111,10 +67,6 @@ impl Shard {
     }
 }
 
-fn name(s: &str) -> ResourceName {
-    ResourceName::parse(s).unwrap()
-}
-
 fn acquire_cmd(res: &str, lease: u8, mode: AcquireMode, wait_ms: u64) -> Command {
     Command::Acquire {
         resource: name(res),
@@ -136,11 +88,6 @@ fn granted(out: &Outcome) -> Vec<u8> {
             _ => None,
         })
         .collect()
-}
-
-fn snapshot_version(table: &LockTable) -> u16 {
-    let bytes = table.snapshot();
-    u16::from_be_bytes([bytes[4], bytes[5]])
 }
 
 #[test]
@@ -303,15 +250,7 @@ fn the_tenant_hold_count_counts_every_holding() {
         max_held_per_tenant: 2,
         ..Limits::default()
     };
-    let mut s = Shard {
-        table: LockTable::new(limits).unwrap(),
-        index: 0,
-        now_ms: T0,
-    };
-    s.apply(Command::LeaderChanged {
-        clock_offset_allowance_ms: 0,
-    })
-    .unwrap();
+    let mut s = Shard::with_limits(limits);
     s.holds("acme/table", 1, SHARED);
     s.holds("acme/table", 2, SHARED);
     assert_eq!(
@@ -356,34 +295,11 @@ fn a_snapshot_restores_every_holder_waiter_and_mode() {
 
 #[test]
 fn shared_holders_and_their_waiters_move_between_shards() {
-    let slot = slot_of(&name("acme/table"));
-    let mut moved = SlotSet::default();
-    moved.insert(slot);
-    let mut source = Shard::with_slots(SlotSet::full());
-    let mut target = Shard::with_slots(SlotSet::default());
+    let mut source = Shard::new();
     let t1 = source.holds("acme/table", 1, SHARED);
     let t2 = source.holds("acme/table", 2, SHARED);
     source.waits("acme/table", 3, EXCL);
-    let data = match source
-        .apply(Command::ExportSlots {
-            migration_id: 1,
-            slots: moved,
-        })
-        .unwrap()
-    {
-        Reply::Exported { data, .. } => data,
-        other => panic!("{other:?}"),
-    };
-    target
-        .apply(Command::ImportSlots {
-            migration_id: 1,
-            epoch: 9,
-            slots: moved,
-            data,
-            clock_offset_allowance_ms: 0,
-            export_clock_ms: None,
-        })
-        .unwrap();
+    let mut target = source.move_slot_of("acme/table");
     let view = target.table.view(&name("acme/table")).unwrap();
     let tokens: Vec<FencingToken> = view.holders.iter().map(|h| h.token).collect();
     assert_eq!(tokens, [t1, t2]);
@@ -410,26 +326,7 @@ fn the_last_token_stays_the_newest_grant_when_a_newer_reader_leaves_first() {
     // Kept by the snapshot (apply_full round-trips it) and by a slot move.
     let restored = LockTable::restore(&s.table.snapshot()).unwrap();
     assert_eq!(restored.view(&name("acme/table")).unwrap().last_token, t2);
-    let mut moved = SlotSet::default();
-    moved.insert(slot_of(&name("acme/table")));
-    let data = match s.apply(Command::ExportSlots {
-        migration_id: 1,
-        slots: moved,
-    }) {
-        Ok(Reply::Exported { data, .. }) => data,
-        other => panic!("{other:?}"),
-    };
-    let mut target = Shard::with_slots(SlotSet::default());
-    target
-        .apply(Command::ImportSlots {
-            migration_id: 1,
-            epoch: 9,
-            slots: moved,
-            data,
-            clock_offset_allowance_ms: 0,
-            export_clock_ms: None,
-        })
-        .unwrap();
+    let target = s.move_slot_of("acme/table");
     let view = target.table.view(&name("acme/table")).unwrap();
     assert_eq!(view.last_token, t2);
 }

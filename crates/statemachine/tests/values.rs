@@ -2,53 +2,13 @@
 //! may replace it, the per-shard budget, and the encodings that keep a
 //! table without values readable by the previous release.
 
+mod common;
+
+use common::{name, snapshot_version, Shard};
 use fencelock_statemachine::limits::{MAX_HOLDER_VALUE_BYTES, MAX_VALUE_BYTES_PER_SHARD};
 use fencelock_statemachine::*;
 
-const T0: u64 = 1_700_000_000_000;
-
-struct Shard {
-    table: LockTable,
-    index: u64,
-    now_ms: u64,
-}
-
 impl Shard {
-    fn new() -> Shard {
-        Shard::with_slots(SlotSet::full())
-    }
-
-    fn with_slots(slots: SlotSet) -> Shard {
-        let mut s = Shard {
-            table: LockTable::with_slots(Limits::default(), slots).unwrap(),
-            index: 0,
-            now_ms: T0,
-        };
-        s.apply(Command::LeaderChanged {
-            clock_offset_allowance_ms: 0,
-        })
-        .unwrap();
-        s
-    }
-
-    fn apply_full(&mut self, c: Command) -> Outcome {
-        self.index += 1;
-        let ctx = ApplyContext {
-            index: self.index,
-            term: 1,
-            epoch: self.table.epoch().max(1),
-            now_ms: self.now_ms,
-        };
-        let out = self.table.apply(&c, &ctx);
-        // Every command survives its log encoding.
-        assert_eq!(Command::decode(&c.encode()), Ok(c));
-        out
-    }
-
-    fn apply(&mut self, c: Command) -> Result<Reply, LockError> {
-        self.apply_full(c).reply
-    }
-
     fn acquire(
         &mut self,
         res: &str,
@@ -85,10 +45,6 @@ impl Shard {
     }
 }
 
-fn name(s: &str) -> ResourceName {
-    ResourceName::parse(s).unwrap()
-}
-
 fn acquire_cmd(res: &str, owner: &Owner, lease: u8, wait_ms: u64, value: &[u8]) -> Command {
     Command::Acquire {
         resource: name(res),
@@ -100,11 +56,6 @@ fn acquire_cmd(res: &str, owner: &Owner, lease: u8, wait_ms: u64, value: &[u8]) 
         value: HolderValue::new(value.to_vec()).unwrap(),
         mode: fencelock_statemachine::AcquireMode::Exclusive,
     }
-}
-
-fn snapshot_version(table: &LockTable) -> u16 {
-    let bytes = table.snapshot();
-    u16::from_be_bytes([bytes[4], bytes[5]])
 }
 
 #[test]
@@ -207,6 +158,7 @@ fn values_past_the_limits_are_refused_with_the_bound() {
 
     // The shard's budget: full, a value is refused, none is not.
     let mut s = Shard::new();
+    s.check_each_step = false;
     let me = Owner::anonymous();
     let big = vec![b'v'; MAX_HOLDER_VALUE_BYTES];
     let fits = (MAX_VALUE_BYTES_PER_SHARD / MAX_HOLDER_VALUE_BYTES as u64) as usize;
@@ -282,40 +234,17 @@ fn a_table_without_values_encodes_as_the_previous_release_wrote_it() {
 #[test]
 fn values_move_with_their_leases_between_shards() {
     let me = Owner::anonymous();
-    let slot = slot_of(&name("acme/leader"));
-    let mut moved = SlotSet::default();
-    moved.insert(slot);
-    let mut source = Shard::with_slots(SlotSet::full());
-    let mut target = Shard::with_slots(SlotSet::default());
+    let mut source = Shard::new();
     source
         .acquire("acme/leader", &me, 1, 0, b"10.0.0.1:7000")
         .unwrap();
     source.acquire("acme/leader", &me, 2, 5_000, b"w").unwrap();
-    let data = match source
-        .apply(Command::ExportSlots {
-            migration_id: 1,
-            slots: moved,
-        })
-        .unwrap()
-    {
-        Reply::Exported { data, .. } => data,
-        other => panic!("{other:?}"),
-    };
+    let target = source.move_slot_of("acme/leader");
     assert_eq!(
         source.table.value_bytes(),
         0,
         "the values left with the slot"
     );
-    target
-        .apply(Command::ImportSlots {
-            migration_id: 1,
-            epoch: 9,
-            slots: moved,
-            data,
-            clock_offset_allowance_ms: 0,
-            export_clock_ms: None,
-        })
-        .unwrap();
     assert_eq!(target.value("acme/leader").unwrap(), b"10.0.0.1:7000");
     assert_eq!(target.table.value_bytes(), 14);
     assert_eq!(target.table.check_invariants(), Ok(()));
