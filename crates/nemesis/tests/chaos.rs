@@ -219,6 +219,38 @@ fn never_serve_after_heal(h: &History) -> Option<History> {
     Some(out)
 }
 
+/// A watcher that never got one grant clients were told of: the first
+/// watched grant whose token an ok acquire returned, with a later grant
+/// after it in the same stream.
+fn drop_a_watched_grant(h: &History) -> Option<History> {
+    let told: std::collections::BTreeSet<i64> = h
+        .ops
+        .iter()
+        .filter_map(|o| o.grant())
+        .map(|(_, t)| t)
+        .collect();
+    let grants: Vec<usize> = (0..h.watched.len())
+        .filter(|&i| h.watched[i].event.kind == "granted")
+        .collect();
+    let victim = grants.iter().copied().find(|&i| {
+        let w = &h.watched[i];
+        let later_in_stream = grants.iter().any(|&j| {
+            j > i
+                && h.watched[j].process == w.process
+                && h.watched[j].event.resource == w.event.resource
+        });
+        let earlier_in_stream = grants.iter().any(|&j| {
+            j < i
+                && h.watched[j].process == w.process
+                && h.watched[j].event.resource == w.event.resource
+        });
+        told.contains(&w.event.token) && later_in_stream && earlier_in_stream
+    })?;
+    let mut out = h.clone();
+    out.watched.remove(victim);
+    Some(out)
+}
+
 fn verdict(name: &str, h: &History) -> Verdict {
     check::check_all(h, &CheckConfig::default())
         .into_iter()
@@ -254,4 +286,5 @@ fn check_mutations(h: &History) {
         never_serve_after_heal(h),
         &["liveness"],
     );
+    assert_caught("watched grant missed", drop_a_watched_grant(h), &["watch"]);
 }
