@@ -235,7 +235,7 @@ pub struct ModeArgs {
     /// Hold one of the resource's N permits (a semaphore of N holders,
     /// 1..=1024; every acquire of it must name the same N).
     #[arg(long, value_name = "N",
-          value_parser = clap::value_parser!(u32).range(1..=1024))]
+          value_parser = clap::value_parser!(u32).range(1..=i64::from(fencelock_client::MAX_PERMITS)))]
     semaphore: Option<u32>,
 }
 

@@ -131,9 +131,13 @@ pub enum AcquireMode {
     Exclusive,
     /// One of any number of shared holders, never beside an exclusive one.
     Shared,
-    /// One of at most this many holders (1..=1024).
+    /// One of at most this many holders (1..=[`MAX_PERMITS`]).
     Semaphore(u32),
 }
+
+/// The largest permit count of a semaphore (the server refuses more with
+/// INVALID_PERMITS).
+pub const MAX_PERMITS: u32 = 1_024;
 
 impl AcquireMode {
     /// The wire fields (`AcquireRequest.mode`, `permits`).

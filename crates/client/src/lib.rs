@@ -74,7 +74,9 @@ mod lease;
 mod retry;
 mod router;
 
-pub use client::{AcquireMode, AcquireOptions, Client, ClientStats, RequestId, MAX_REQUEST_ID_LEN};
+pub use client::{
+    AcquireMode, AcquireOptions, Client, ClientStats, RequestId, MAX_PERMITS, MAX_REQUEST_ID_LEN,
+};
 pub use config::{
     ClientConfig, ClientTls, DEFAULT_ATTEMPT_TIMEOUT_MS, DEFAULT_BACKOFF_BASE_MS,
     DEFAULT_BACKOFF_MAX_MS, DEFAULT_CALL_TIMEOUT_MS, DEFAULT_CONNECT_TIMEOUT_MS,

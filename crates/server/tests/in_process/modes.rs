@@ -97,6 +97,11 @@ async fn a_semaphore_grants_its_permits_and_refuses_another_count_or_a_lock() {
     assert_eq!(read.permits, 2);
     assert_eq!(read.holders.len(), 2);
 
+    // The clients' bound is the state machine's.
+    assert_eq!(
+        fencelock_client::MAX_PERMITS,
+        fencelock_statemachine::limits::MAX_HOLDERS_PER_RESOURCE
+    );
     // Bad counts never reach the log.
     for (mode, permits) in [
         (AcquireMode::Semaphore, 0),
