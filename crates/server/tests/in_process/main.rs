@@ -11,6 +11,7 @@ use fencelock_testkit as common;
 mod architecture;
 mod client_lib;
 mod cluster;
+mod compat;
 mod config;
 mod epochs;
 mod errors;
