@@ -4,7 +4,9 @@
 Generates the stubs from proto/fencelock/v1/*.proto with grpcio-tools into a
 temp dir, then acquires, renews and releases a lease, following leader hints
 and reading the ErrorDetail that every refusal carries (a google.rpc.Status
-in the `grpc-status-details-bin` trailer).
+in the `grpc-status-details-bin` trailer); publishes a value with the lease
+and replaces it (Proclaim), watches the resource's changes (Watch), and
+takes a shared lock with two readers.
 
     python3 -m pip install -r examples/python/requirements.txt
     python3 examples/python/fencelock_client.py --proto-dir proto \
@@ -22,6 +24,7 @@ import os
 import shutil
 import sys
 import tempfile
+import threading
 import time
 
 import grpc
@@ -184,7 +187,7 @@ class Client:
             time.sleep(backoff)
             backoff = min(backoff * 2, BACKOFF_MAX_S)
 
-    def acquire(self, resource, ttl_ms, wait_ms=0, request_id=None):
+    def acquire(self, resource, ttl_ms, wait_ms=0, request_id=None, value=b"", shared=False):
         # One request_id for every retry of this acquire: a retry of a
         # committed grant returns that grant instead of a second one.
         request_id = request_id or os.urandom(16)
@@ -193,6 +196,8 @@ class Client:
             request_id=request_id,
             lease_ttl_ms=ttl_ms,
             wait_timeout_ms=wait_ms,
+            value=value,
+            mode=self._pb.ACQUIRE_MODE_SHARED if shared else self._pb.ACQUIRE_MODE_EXCLUSIVE,
         )
         response, sent_at = self._call(
             "Acquire", request, timeout_s=CALL_TIMEOUT_S + wait_ms / 1000.0
@@ -228,6 +233,34 @@ class Client:
         response, _ = self._call("Release", request)
         return response.released
 
+    def proclaim(self, lease, value):
+        """Replaces the value the holder publishes; the token stays."""
+        request = self._pb.ProclaimRequest(
+            resource=lease.resource, lease_id=lease.lease_id, value=value
+        )
+        response, _ = self._call("Proclaim", request)
+        return response.fencing_token
+
+    def get(self, resource):
+        response, _ = self._call("Get", self._pb.GetRequest(resource=resource))
+        return response
+
+    def watch(self, resource):
+        """Opens a Watch stream on the first node that takes it (any replica
+        serves one). Returns the call: iterate it for WatchEvents, cancel()
+        it to stop. A real watcher that loses its stream watches again with
+        `after` = the last revision it received, and so misses nothing."""
+        last_error = None
+        for address in self._endpoints:
+            call = self._stub(address).Watch(self._pb.WatchRequest(resource=resource))
+            try:
+                first = next(call)
+            except grpc.RpcError as err:
+                last_error = self.error_from(err)
+                continue
+            return first, call
+        raise last_error
+
 
 def emit(event, **fields):
     parts = ["event=" + event] + ["%s=%s" % (k, v) for k, v in fields.items()]
@@ -247,8 +280,43 @@ def emit_refusal(event, error, errors_pb):
     )
 
 
-def demo(client, errors_pb, resource, ttl_ms):
-    lease, request_id = client.acquire(resource, ttl_ms)
+class Watcher:
+    """Follows one resource on a thread: `events` collects (kind, token,
+    value) of every WatchEvent after the first STATE."""
+
+    def __init__(self, client, pb, resource):
+        self._pb = pb
+        self.events = []
+        first, self._call = client.watch(resource)
+        self.first_kind = pb.WatchEventKind.Name(first.kind)
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self):
+        try:
+            for event in self._call:
+                self.events.append(
+                    (self._pb.WatchEventKind.Name(event.kind), event.fencing_token, event.value)
+                )
+        except grpc.RpcError:
+            pass  # cancelled by stop(), or the node went away
+
+    def wait_for(self, count, timeout_s=10.0):
+        deadline = time.monotonic() + timeout_s
+        while len(self.events) < count and time.monotonic() < deadline:
+            time.sleep(0.02)
+
+    def stop(self):
+        self._call.cancel()
+        self._thread.join(timeout=5)
+
+
+def demo(client, pb, errors_pb, resource, ttl_ms):
+    # Watch the resource first: every change from here on arrives in order.
+    watcher = Watcher(client, pb, resource)
+    emit("watching", first=watcher.first_kind)
+
+    lease, request_id = client.acquire(resource, ttl_ms, value=b"10.0.0.7:5432")
     first_token = lease.token
     emit(
         "acquired",
@@ -270,6 +338,15 @@ def demo(client, errors_pb, resource, ttl_ms):
     # comes back, not a second one.
     again, _ = client.acquire(resource, ttl_ms, request_id=request_id)
     emit("retried", token=again.token, deduplicated=again.deduplicated)
+
+    # The holder's published value: read by Get, replaced by a Proclaim.
+    emit("published", value=client.get(resource).value.decode())
+    proclaimed_token = client.proclaim(lease, b"10.0.0.8:5432")
+    emit(
+        "proclaimed",
+        value=client.get(resource).value.decode(),
+        same_token=proclaimed_token == first_token,
+    )
 
     before = lease.stop_by
     renewed = client.renew(lease)
@@ -293,6 +370,36 @@ def demo(client, errors_pb, resource, ttl_ms):
     second, _ = client.acquire(resource, ttl_ms)
     emit("reacquired", token=second.token, greater=second.token > first_token)
     client.release(second)
+
+    # What the watcher saw: the grant with its token and value, the new
+    # value, the release; then the second grant and its release.
+    watcher.wait_for(5)
+    watcher.stop()
+    emit(
+        "watched",
+        kinds=",".join(kind for kind, _, _ in watcher.events),
+        first_grant_token=next(
+            (t for kind, t, _ in watcher.events if kind == "WATCH_EVENT_KIND_GRANTED"), 0
+        ),
+        first_grant_value=next(
+            (v.decode() for kind, _, v in watcher.events if kind == "WATCH_EVENT_KIND_GRANTED"),
+            "-",
+        ),
+    )
+
+    # Readers share a lock, each with its own token.
+    readers = resource + "/readers"
+    r1, _ = client.acquire(readers, ttl_ms, shared=True)
+    r2, _ = client.acquire(readers, ttl_ms, shared=True)
+    held = client.get(readers)
+    emit(
+        "shared",
+        holders=len(held.holders),
+        tokens_rise=r2.token > r1.token,
+        mode=pb.AcquireMode.Name(held.mode),
+    )
+    client.release(r1)
+    client.release(r2)
 
     # Names are validated, never rewritten.
     try:
@@ -323,7 +430,7 @@ def main():
         pb, pb_grpc, errors_pb = generate_stubs(args.proto_dir, gen_dir)
         client = Client(args.endpoints.split(","), pb, pb_grpc, errors_pb)
         try:
-            demo(client, errors_pb, args.resource, args.ttl_ms)
+            demo(client, pb, errors_pb, args.resource, args.ttl_ms)
         finally:
             client.close()
     finally:
