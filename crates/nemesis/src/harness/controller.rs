@@ -27,6 +27,7 @@ use fencelock_api::v1::{ListShardsResponse, ReplicaRole, SchedulerRequest};
 use tokio::time::Instant;
 
 use super::cluster::Cluster;
+use super::lock_client::{AFTER_AMBIGUOUS_ATTEMPT, LEASE_SINCE_ENDED};
 use super::run::{out_dir, Load, RunConfig, RunError, RunResult, SETTLE_MS};
 use crate::history::{Operation, Outcome, Phase};
 use crate::retry::RETRIED_REASONS;
@@ -283,11 +284,15 @@ async fn hot_range_splits(cluster: &Cluster, load: &Load) -> Result<(u64, u64), 
 /// Whether the client gave up on the call: it kept getting "try again"
 /// (or nothing) until its deadline. A definite refusal — the lock is held
 /// — is an answer the caller acts on, also after an attempt that timed out
-/// (recorded as unknown: that attempt might have applied).
+/// (recorded as unknown: that attempt might have applied); so is a retry
+/// answered with the earlier grant of a lease that has ended since (the
+/// service cancels a grant whose caller went away before it was told).
 pub fn gave_up(op: &Operation) -> bool {
     match &op.outcome {
         Outcome::Ok(_) => false,
-        Outcome::Unknown(why) => !why.ends_with("after an ambiguous attempt"),
+        Outcome::Unknown(why) => {
+            !why.ends_with(AFTER_AMBIGUOUS_ATTEMPT) && !why.starts_with(LEASE_SINCE_ENDED)
+        }
         Outcome::Fail(why) => {
             !why.starts_with("REASON_") || RETRIED_REASONS.iter().any(|r| r.as_str_name() == why)
         }
@@ -441,4 +446,49 @@ pub async fn run(cfg: &RunConfig) -> Result<ControllerRunResult, RunError> {
         split,
         problems,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::history::{Call, Mode};
+
+    fn acquire_ending(outcome: Outcome) -> Operation {
+        Operation {
+            id: 0,
+            process: 1,
+            call: Call::Acquire {
+                resource: "chaos/r-4".into(),
+                request_id: "c6-28".into(),
+                ttl_ms: 3_000,
+                wait_ms: 2_000,
+                mode: Mode::Exclusive,
+            },
+            invoke_ns: 0,
+            complete_ns: 1,
+            outcome,
+        }
+    }
+
+    #[test]
+    fn a_retry_answered_with_a_since_ended_grant_is_an_answer_not_giving_up() {
+        let answered = acquire_ending(Outcome::Unknown(format!(
+            "{LEASE_SINCE_ENDED} (LEASE_STATE_CANCELLED)"
+        )));
+        assert!(!gave_up(&answered));
+        let refused_after_timeout = acquire_ending(Outcome::Unknown(format!(
+            "REASON_LOCK_HELD {AFTER_AMBIGUOUS_ATTEMPT}"
+        )));
+        assert!(!gave_up(&refused_after_timeout));
+    }
+
+    #[test]
+    fn no_answer_until_the_deadline_is_giving_up() {
+        let silent = acquire_ending(Outcome::Unknown("deadline: transport error".into()));
+        assert!(gave_up(&silent));
+        let busy = acquire_ending(Outcome::Fail("REASON_NO_QUORUM".into()));
+        assert!(gave_up(&busy));
+        let held = acquire_ending(Outcome::Fail("REASON_LOCK_HELD".into()));
+        assert!(!gave_up(&held));
+    }
 }

@@ -34,6 +34,13 @@ pub const CALL_DEADLINE_MS: u64 = 6_000;
 pub const CONNECT_TIMEOUT_MS: u64 = 500;
 /// Pause between attempts, in ms (random within).
 const RETRY_PAUSE_MS: (u64, u64) = (20, 150);
+/// Ends an unknown outcome recorded because a refusal came after an
+/// attempt that may still apply: the service answered.
+pub const AFTER_AMBIGUOUS_ATTEMPT: &str = "after an ambiguous attempt";
+/// Starts the unknown outcome of an acquire whose retry was answered from
+/// the dedup table with a lease that has ended since: the service
+/// answered (the acquire took effect once), but the client never held it.
+pub const LEASE_SINCE_ENDED: &str = "granted earlier, lease since ended";
 
 /// How a logical call ended, before recording.
 enum Ended<T> {
@@ -237,7 +244,7 @@ impl LockClient {
             Ended::Refused(reason) if earlier_maybe_applied => {
                 self.recorder.unknown(
                     self.process,
-                    format!("{} after an ambiguous attempt", reason.as_str_name()),
+                    format!("{} {AFTER_AMBIGUOUS_ATTEMPT}", reason.as_str_name()),
                 );
                 None
             }
@@ -249,10 +256,7 @@ impl LockClient {
             Ended::Ok(a) if a.lease_state() != LeaseState::Held => {
                 self.recorder.unknown(
                     self.process,
-                    format!(
-                        "granted earlier, lease since ended ({})",
-                        a.lease_state().as_str_name()
-                    ),
+                    format!("{LEASE_SINCE_ENDED} ({})", a.lease_state().as_str_name()),
                 );
                 None
             }
@@ -344,7 +348,7 @@ impl LockClient {
             Ended::Ok(false) if earlier_maybe_applied => {
                 self.recorder.unknown(
                     self.process,
-                    "released=false after an ambiguous attempt".into(),
+                    format!("released=false {AFTER_AMBIGUOUS_ATTEMPT}"),
                 );
                 None
             }
