@@ -108,8 +108,7 @@ pub(crate) fn apply_entries(
                 now_ms,
             };
             #[cfg(feature = "simulation")]
-            let bumped = obs
-                .extra_permit
+            let bumped = (obs.sim_fault == Some(crate::SimFault::ExtraPermit))
                 .then(|| crate::sim::one_permit_more(command));
             #[cfg(feature = "simulation")]
             let command = bumped.as_ref().unwrap_or(command);
@@ -136,8 +135,14 @@ pub(crate) fn apply_entries(
             for event in &outcome.events {
                 on_event(peer, event, leader.then_some((&caller, at)), obs);
             }
-            peer.watch
-                .on_events(&peer.table, entry.index, &outcome.events);
+            #[cfg(feature = "simulation")]
+            let unwatched = (obs.sim_fault == Some(crate::SimFault::WatchSkipsQueueGrants))
+                .then(|| crate::sim::without_queue_grants(&outcome.events));
+            #[cfg(feature = "simulation")]
+            let watched = unwatched.as_deref().unwrap_or(&outcome.events);
+            #[cfg(not(feature = "simulation"))]
+            let watched = &outcome.events;
+            peer.watch.on_events(&peer.table, entry.index, watched);
             if matches!(command, Command::ExportSlots { .. }) && outcome.reply.is_ok() {
                 let table = &peer.table;
                 peer.watch.cut_moved(|resource| !table.owns(resource));

@@ -30,9 +30,11 @@ pub(crate) struct ApplyObs<'a> {
     pub clock: &'a dyn super::Clock,
     /// When this pass learned its entries were committed.
     pub committed_at: Instant,
-    /// The simulation's deliberate bug `SimFault::ExtraPermit` is armed.
+    /// The simulation's deliberate bug armed in this store, if any (the
+    /// ones that act at apply: `SimFault::ExtraPermit`,
+    /// `SimFault::WatchSkipsQueueGrants`).
     #[cfg(feature = "simulation")]
-    pub extra_permit: bool,
+    pub sim_fault: Option<crate::SimFault>,
 }
 
 /// Where a command applied.

@@ -163,7 +163,7 @@ impl Store {
                 clock: self.time.as_ref(),
                 committed_at,
                 #[cfg(feature = "simulation")]
-                extra_permit: self.sim_fault == Some(crate::SimFault::ExtraPermit),
+                sim_fault: self.sim_fault,
             };
             if let Some(snap) = snapshot {
                 fail::fail_point!("store::snapshot_install", |_| std::process::abort());

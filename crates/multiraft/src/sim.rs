@@ -3,7 +3,7 @@
 //! safety mechanism of the store so the test can show that the history
 //! checkers catch what it lets through.
 
-use fencelock_statemachine::{AcquireMode, Command};
+use fencelock_statemachine::{AcquireMode, Command, Event};
 
 use super::Store;
 
@@ -22,6 +22,12 @@ pub enum SimFault {
     /// Every replica applies a semaphore's acquire as if the semaphore had
     /// one permit more than its acquires name: one holder too many at once.
     ExtraPermit,
+    /// Every replica leaves the grants handed to a queued waiter (by a
+    /// release, an expiry or a cancel ahead of it) out of its watch log, as
+    /// a log fed from the commands' own grants instead of their events
+    /// would: a watcher sees the lock end and the waiter's lease end, never
+    /// its grant.
+    WatchSkipsQueueGrants,
 }
 
 /// `command`, a semaphore acquire of N permits applied as one of N + 1
@@ -36,6 +42,23 @@ pub(crate) fn one_permit_more(command: &Command) -> Command {
         *permits += 1;
     }
     command
+}
+
+/// `events` without the grants to queued waiters
+/// (`SimFault::WatchSkipsQueueGrants`): what the broken watch log records.
+pub(crate) fn without_queue_grants(events: &[Event]) -> Vec<Event> {
+    (events.iter())
+        .filter(|e| {
+            !matches!(
+                e,
+                Event::Granted {
+                    from_queue: true,
+                    ..
+                }
+            )
+        })
+        .cloned()
+        .collect()
 }
 
 impl Store {

@@ -79,7 +79,7 @@ fn a_gap_between_the_applied_index_and_the_next_committed_entry_stops_the_store(
         clock: store.time.as_ref(),
         committed_at: Instant::now(),
         #[cfg(feature = "simulation")]
-        extra_permit: false,
+        sim_fault: None,
     };
     let panic = catch_unwind(AssertUnwindSafe(|| {
         crate::apply::apply_entries(peer, vec![gap], &mut batch, &mut obs)

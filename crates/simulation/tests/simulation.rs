@@ -54,8 +54,10 @@ fn seeds(part: u64) -> Vec<u64> {
 
 fn describe(seed: u64, run: &SimRun) -> String {
     let mut out = format!(
-        "seed {seed}: {} operations, {:?}\n",
+        "seed {seed}: {} operations, {} watched events over {} watch streams, {:?}\n",
         run.history.ops.len(),
+        run.history.watched.len(),
+        run.watch_streams,
         run.stats
     );
     for v in &run.verdicts {
@@ -85,7 +87,18 @@ fn run_part(part: u64) {
                 Err(e) => println!("cannot write {}: {e}", path.display()),
             }
         }
-        if !run.passed() {
+        // Every watcher's stream was judged: a watch checker that saw no
+        // stream would pass any store.
+        let watch_checked = (run.verdicts.iter())
+            .find(|v| v.checker == "watch")
+            .map_or(0, |v| v.checked);
+        let watchers = sim::watchers::watched_resources().len();
+        if watch_checked != watchers {
+            eprintln!(
+                "seed {seed}: the watch checker judged {watch_checked} streams, not one per watcher ({watchers})"
+            );
+        }
+        if !run.passed() || watch_checked != watchers {
             eprintln!("{}", describe(seed, &run));
             eprintln!("replay: {}\n", replay_command(seed));
             failed.push(seed);
@@ -132,6 +145,15 @@ fn a_seed_replays_to_the_identical_history() {
     let first = sim::run(&options);
     let second = sim::run(&options);
     assert!(first.history.ops.len() > 100, "too little happened");
+    // The watchers' events replay too (they are in `events`), and there
+    // are grants among them to replay.
+    let watched_grants = (first.history.watched.iter())
+        .filter(|w| w.event.kind == "granted")
+        .count();
+    assert!(
+        watched_grants > 10,
+        "the watchers saw {watched_grants} grants"
+    );
     assert_eq!(first.events, second.events, "seed 7 did not replay exactly");
 }
 
@@ -187,6 +209,25 @@ fn a_semaphore_granting_one_permit_too_many_is_caught_by_the_windows_checker() {
     assert!(
         seed.is_some(),
         "no seed in 1..={BROKEN_SEEDS} caught a semaphore granting one permit too many"
+    );
+}
+
+/// A watch log that leaves out the grants handed to queued waiters (every
+/// replica alike, so a watcher resuming elsewhere misses them too): the
+/// watch checker must see a watcher miss a grant a client was told of, or
+/// see the end of a lease it never saw granted.
+#[test]
+fn a_watch_log_that_skips_a_waiters_grant_is_caught_by_the_watch_checker() {
+    let seed = first_seed_failing(
+        |seed| SimOptions {
+            store_fault: Some(SimFault::WatchSkipsQueueGrants),
+            ..SimOptions::new(seed)
+        },
+        "watch",
+    );
+    assert!(
+        seed.is_some(),
+        "no seed in 1..={BROKEN_SEEDS} caught a watch log that skips the grants to queued waiters"
     );
 }
 

@@ -5,6 +5,10 @@
 //!
 //! * [`world`] — nodes, network, simulated time, crashes and partitions.
 //! * [`clients`] — the lock clients and the fenced resource; the history.
+//! * [`watchers`] — watchers following four of the clients' resources
+//!   (two exclusive locks, the shared lock, the semaphore) across node
+//!   crashes and restarts; what they receive goes into the history for
+//!   the watch checker.
 //! * this module — one run of one seed: the nemesis schedule, the heal,
 //!   and the verdicts.
 
@@ -13,6 +17,7 @@ pub mod clients;
 pub mod lease_time;
 pub mod orphans;
 pub mod reshard;
+pub mod watchers;
 pub mod world;
 
 use fencelock_multiraft::{SimFault, StoreMsg};
@@ -24,6 +29,8 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 use clients::Clients;
+use fencelock_statemachine::{slot_of, ResourceName};
+use watchers::Watchers;
 use world::{Ev, Stats, World, NODES};
 
 /// Simulated clients.
@@ -76,6 +83,8 @@ pub struct SimRun {
     pub stats: Stats,
     /// Nemesis actions, in order (also in the history).
     pub faults: Vec<String>,
+    /// Watch streams opened (first watches and resumptions).
+    pub watch_streams: u64,
 }
 
 impl SimRun {
@@ -287,6 +296,10 @@ pub fn run(options: &SimOptions) -> SimRun {
     let mut clients = Clients::new(CLIENTS, FencedResource::new(options.fence), |slot| {
         map.shard_of_slot(slot)
     });
+    let mut watchers = Watchers::new(options.seed, &watchers::watched_resources(), |name| {
+        let name = ResourceName::parse(name).expect("a valid resource name");
+        map.shard_of_slot(slot_of(&name))
+    });
     let mut faults = Vec::new();
     clients.start(&mut world);
     let first = world.rng.random_range(NEMESIS_GAP_MS.0..=NEMESIS_GAP_MS.1);
@@ -329,6 +342,7 @@ pub fn run(options: &SimOptions) -> SimRun {
             }
         }
         clients.poll(&mut world);
+        watchers.poll(&mut world, &mut clients.events);
     }
     clients.stop();
     let events = std::mem::take(&mut clients.events);
@@ -349,5 +363,6 @@ pub fn run(options: &SimOptions) -> SimRun {
         verdicts,
         stats: world.stats.clone(),
         faults,
+        watch_streams: watchers.opened,
     }
 }

@@ -186,6 +186,9 @@ pub struct Node {
     pub store: Option<Store>,
     /// Tick events of an earlier incarnation are ignored.
     generation: u64,
+    /// Requests handed to the store's next step, whatever step that is
+    /// ([`World::hand_to_next_step`]).
+    next_step: Vec<StoreMsg>,
 }
 
 /// What happens at a point of simulated time.
@@ -336,6 +339,7 @@ impl World {
                 router: None,
                 store: None,
                 generation: 0,
+                next_step: Vec::new(),
             });
             world.start(id);
         }
@@ -450,6 +454,8 @@ impl World {
             return;
         };
         drop(store);
+        // Requests not yet handed over die with the node's connections.
+        node.next_step.clear();
         node.sink.out.lock().map(|mut o| o.clear()).ok();
         node.engine.die_at_next_sync.store(false, Ordering::Relaxed);
         node.down_after_dying_ms = None;
@@ -544,8 +550,20 @@ impl World {
         if let Some(store) = self.node(id).store.take() {
             store.close();
         }
+        self.node(id).next_step.clear();
         self.route_from(id);
         self.start(id);
+    }
+
+    /// Hands `msg` to node `id`'s next store step (its next tick at the
+    /// latest), without a step or an event of its own: for requests that
+    /// change nothing in Raft (a watch), so that adding them leaves the
+    /// seed's schedule as it was. Dropped, closing its answer channel, if
+    /// the node goes down first.
+    pub fn hand_to_next_step(&mut self, id: u64, msg: StoreMsg) {
+        if self.is_up(id) {
+            self.node(id).next_step.push(msg);
+        }
     }
 
     /// Runs one store iteration on node `id` (nothing if it is down: the
@@ -555,6 +573,13 @@ impl World {
         let node = self.node(id);
         let Some(store) = node.store.as_mut() else {
             return;
+        };
+        let msgs = if node.next_step.is_empty() {
+            msgs
+        } else {
+            let mut handed = std::mem::take(&mut node.next_step);
+            handed.extend(msgs);
+            handed
         };
         let stepped = catch_unwind(AssertUnwindSafe(|| store.step(msgs, tick)));
         self.stats.steps += 1;
