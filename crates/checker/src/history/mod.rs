@@ -256,6 +256,11 @@ pub struct WatchSeen {
     /// The lease the event is about (a STATE: the oldest holding's; 0 when
     /// free).
     pub token: i64,
+    /// A STATE's every holding, oldest first (a shared lock or a semaphore
+    /// has several; their ends are known to the watcher from here). Empty
+    /// for changes and when free.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub holders: Vec<i64>,
     /// A STATE sent instead of changes the node no longer had.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub gap: bool,

@@ -252,6 +252,7 @@ pub async fn watcher(ctx: Ctx, process: ProcessId, resource: String) {
                     revision: (revision.epoch, revision.index, revision.seq),
                     kind: kind.to_owned(),
                     token: event.fencing_token,
+                    holders: event.holders.iter().map(|h| h.fencing_token).collect(),
                     gap: event.gap,
                 },
             );

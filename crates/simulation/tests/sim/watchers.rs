@@ -224,18 +224,25 @@ impl Watchers {
 /// One received item as the history records it (the wire event's kind,
 /// revision, token and gap flag), and its revision.
 fn seen(resource: &str, item: &WatchItem) -> (Revision, WatchSeen) {
+    let mut holders = Vec::new();
     let (revision, kind, token, gap) = match item {
-        // A state names its oldest holding's token, as the wire event does.
+        // A state names its oldest holding's token and every holding, as
+        // the wire event does.
         WatchItem::State {
             revision,
             view,
             gap,
-        } => (
-            *revision,
-            "state",
-            view.as_ref().map_or(0, |v| v.token.as_i64()),
-            *gap,
-        ),
+        } => {
+            if let Some(v) = view {
+                holders = v.holders.iter().map(|h| h.token.as_i64()).collect();
+            }
+            (
+                *revision,
+                "state",
+                view.as_ref().map_or(0, |v| v.token.as_i64()),
+                *gap,
+            )
+        }
         WatchItem::Change(event) => {
             let (kind, token) = match &event.change {
                 Change::Granted { token, .. } => ("granted", token),
@@ -257,6 +264,7 @@ fn seen(resource: &str, item: &WatchItem) -> (Revision, WatchSeen) {
         revision: (revision.epoch, revision.index, revision.seq),
         kind: kind.to_owned(),
         token,
+        holders,
         gap,
     };
     (revision, seen)
