@@ -18,6 +18,9 @@
 //! * [`stats`] — HDR histograms per operation, outcome counts, per-second
 //!   series; [`report`] turns them into JSON, an HTML page with SVG charts,
 //!   and Markdown tables.
+//! * [`fair`] — the order of a comparison (systems back to back per
+//!   profile, the first one alternating across repeats) and the quiet
+//!   machine every run waits for.
 //! * [`client_load`] — load from a client library's own processes
 //!   (`clients/python/bench.py`), to measure the client's overhead.
 
@@ -25,6 +28,7 @@ pub mod client_load;
 pub mod cluster;
 pub mod driver;
 pub mod error;
+pub mod fair;
 pub mod outcome;
 pub mod profile;
 pub mod progress;

@@ -20,6 +20,7 @@ use fencelock_bench::client_load::{
 };
 use fencelock_bench::driver::{TargetKind, DEFAULT_OP_TIMEOUT_MS};
 use fencelock_bench::error::BenchError;
+use fencelock_bench::fair::{self, RunOrder, SettleConfig};
 use fencelock_bench::profile::saturate::LoadMode;
 use fencelock_bench::profile::{ProfileKind, DEFAULT_MAX_IN_FLIGHT};
 use fencelock_bench::report::Report;
@@ -161,6 +162,24 @@ struct CompareArgs {
     /// fencelock only).
     #[arg(long, value_enum, value_delimiter = ',', default_values_t = [ProfileKind::Seed, ProfileKind::Contended, ProfileKind::Saturate, ProfileKind::Capacity, ProfileKind::Watch, ProfileKind::Failover])]
     profiles: Vec<ProfileKind>,
+    /// Runs of each profile per system. The systems run each profile back
+    /// to back, the first one alternating across repeats, so the default
+    /// (2) has each system run each shared profile once first and once
+    /// second.
+    #[arg(long, default_value_t = fair::DEFAULT_REPEATS, value_parser = clap::value_parser!(u32).range(1..=10))]
+    repeats: u32,
+    /// Before every run, wait at most this long for a quiet machine (CPU
+    /// busy and load average under the two limits below); 0 = do not wait.
+    /// Each run records whether it started quiet, and a ratio between the
+    /// systems is claimed only from pairs that all did.
+    #[arg(long, default_value_t = fair::DEFAULT_SETTLE_TIMEOUT_S)]
+    settle_timeout_s: u64,
+    /// A quiet machine's CPU busy over a 2 s sample, percent of all cores.
+    #[arg(long, default_value_t = fair::DEFAULT_MAX_BUSY_PCT)]
+    settle_max_busy_pct: f64,
+    /// A quiet machine's 1-minute load average per CPU.
+    #[arg(long, default_value_t = fair::DEFAULT_MAX_LOAD_PER_CPU)]
+    settle_max_load_per_cpu: f64,
     #[command(flatten)]
     common: CommonArgs,
 }
@@ -199,7 +218,8 @@ struct CommonArgs {
     /// No progress line.
     #[arg(long)]
     quiet: bool,
-    /// Short runs (seconds per profile) to check the setup, not to measure.
+    /// Short runs (seconds per profile) to check the setup, not to measure
+    /// (`compare`: one pass, without waiting for a quiet machine).
     #[arg(long)]
     quick: bool,
 
@@ -359,33 +379,74 @@ impl CommonArgs {
     }
 }
 
+/// One run of an invocation: where, what, and (in a comparison) its place
+/// and whether to wait for a quiet machine first.
+type Job = (
+    TargetSetup,
+    ProfileKind,
+    Option<(fair::Job, Option<SettleConfig>)>,
+);
+
 async fn run(cli: Cli) -> Result<(), BenchError> {
-    let (common, jobs): (&CommonArgs, Vec<(TargetSetup, ProfileKind)>) = match &cli.command {
+    let (common, jobs): (&CommonArgs, Vec<Job>) = match &cli.command {
         Command::Run(args) => (
             &args.common,
             vec![(
                 args.common.setup(args.target, args.endpoints.clone()),
                 args.profile,
+                None,
             )],
         ),
         Command::ClientLoad(args) => return client_load(args).await,
-        Command::Compare(args) => (
-            &args.common,
-            args.targets
-                .iter()
-                .flat_map(|&t| {
-                    args.profiles
-                        .iter()
-                        .filter(move |p| t == TargetKind::Fencelock || !p.fencelock_only())
-                        .map(move |&p| (args.common.setup(t, None), p))
-                })
-                .collect(),
-        ),
+        Command::Compare(args) => {
+            // --quick checks the setup: one pass, no waiting.
+            let repeats = if args.common.quick { 1 } else { args.repeats };
+            let settle =
+                (args.settle_timeout_s > 0 && !args.common.quick).then_some(SettleConfig {
+                    max_busy_pct: args.settle_max_busy_pct,
+                    max_load_per_cpu: args.settle_max_load_per_cpu,
+                    timeout_s: args.settle_timeout_s,
+                });
+            (
+                &args.common,
+                fair::schedule(&args.targets, &args.profiles, repeats)
+                    .into_iter()
+                    .map(|job| {
+                        (
+                            args.common.setup(job.target, None),
+                            job.profile,
+                            Some((job, settle)),
+                        )
+                    })
+                    .collect(),
+            )
+        }
     };
     let profiles = common.profiles();
     let mut runs = Vec::new();
-    for (setup, profile) in jobs {
-        let result = suite::run_one(&setup, profile, &profiles).await?;
+    for (setup, profile, place) in jobs {
+        let settled = match place.and_then(|(_, settle)| settle) {
+            Some(config) => {
+                let record = fair::settle(&config).await;
+                eprintln!(
+                    "{} / {}: machine {} after {:.0} s (CPU {:.0}% busy, load {:.1})",
+                    setup.kind.name(),
+                    profile.name(),
+                    if record.quiet { "quiet" } else { "NOT quiet" },
+                    record.waited_ms as f64 / 1000.0,
+                    record.busy_pct,
+                    record.load_1m
+                );
+                Some(record)
+            }
+            None => None,
+        };
+        let mut result = suite::run_one(&setup, profile, &profiles).await?;
+        result.order = place.map(|(job, _)| RunOrder {
+            repeat: job.repeat,
+            position: job.position,
+            settle: settled,
+        });
         eprintln!(
             "{} / {}: {} failed requests",
             result.target.name(),

@@ -95,10 +95,14 @@ pub struct RunResult {
     /// The machine's 1-minute load average when the run started and ended
     /// (`/proc/loadavg`): other work on the machine shows here.
     pub load_avg_1m: [f64; 2],
+    /// Its place in a comparison and the machine it started on (`compare`
+    /// sets it; a single run has none).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub order: Option<crate::fair::RunOrder>,
 }
 
 /// The machine's 1-minute load average.
-fn load_avg_1m() -> f64 {
+pub fn load_avg_1m() -> f64 {
     std::fs::read_to_string("/proc/loadavg")
         .ok()
         .and_then(|s| s.split_whitespace().next()?.parse().ok())
@@ -323,6 +327,7 @@ pub async fn run_one(
         counters,
         derived,
         load_avg_1m: [load_at_start, load_avg_1m()],
+        order: None,
     })
 }
 

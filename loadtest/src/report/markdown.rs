@@ -3,6 +3,7 @@
 use std::fmt::Write;
 
 use super::Report;
+use crate::driver::TargetKind;
 use crate::outcome::{Op, Outcome};
 use crate::profile::failover::{FailoverFindings, FailoverRep, Spread};
 use crate::profile::watch::WatchFindings;
@@ -66,17 +67,28 @@ pub fn render(report: &Report) -> String {
     out.push_str("### Latency and outcomes\n\nLatency of successful requests, from each request's scheduled start (open loop) or send (closed loop).\n\n");
     latency_table(&mut out, &runs);
 
-    out.push_str("\n### Machine load during each run\n\nThe 1-minute load average at the start and end of each run (2 cores: above 2, other work was competing for the CPU).\n\n| target | profile | load at start | load at end |\n|---|---|---:|---:|\n");
+    out.push_str("\n### Machine load during each run\n\nThe 1-minute load average at the start and end of each run (2 cores: above 2, other work was competing for the CPU). In a comparison: the repeat, the run's place among the systems running that profile (1 = first), and the machine it started on after waiting for it to settle.\n\n| target | profile | repeat | place | waited s | CPU busy at start | quiet | load at start | load at end |\n|---|---|---:|---:|---:|---:|---|---:|---:|\n");
     for run in &runs {
+        let (repeat, place) = run.order.map_or(("-".to_owned(), "-".to_owned()), |o| {
+            ((o.repeat + 1).to_string(), (o.position + 1).to_string())
+        });
+        let settle = run.order.and_then(|o| o.settle);
         let _ = writeln!(
             out,
-            "| {} | {} | {:.1} | {:.1} |",
+            "| {} | {} | {repeat} | {place} | {} | {} | {} | {:.1} | {:.1} |",
             run.target.name(),
             run.profile.name(),
+            settle.map_or("-".to_owned(), |s| format!(
+                "{:.0}",
+                s.waited_ms as f64 / 1000.0
+            )),
+            settle.map_or("-".to_owned(), |s| format!("{:.0}%", s.busy_pct)),
+            settle.map_or("not checked", |s| if s.quiet { "yes" } else { "**no**" }),
             run.load_avg_1m[0],
             run.load_avg_1m[1]
         );
     }
+    fair_race(&mut out, &runs);
 
     out.push_str("\n### CPU and memory per node\n\nCPU in cores busy on average over the measured window; resident memory at its end and the peak since the node started.\n\n| target | profile | node | CPU (cores) | RSS MiB | peak RSS MiB |\n|---|---|---:|---:|---:|---:|\n");
     for run in &runs {
@@ -289,4 +301,77 @@ fn failover_table(out: &mut String, run: &RunResult, f: &FailoverFindings) {
         "\nToken regressions seen by the observers: {}.",
         f.token_regressions
     );
+}
+
+/// Lock operations per second of a run: acquires, renews and releases.
+fn lock_ops_per_s(run: &RunResult) -> f64 {
+    [Op::Acquire, Op::Renew, Op::Release]
+        .iter()
+        .filter_map(|op| run.summary.ops.get(op))
+        .map(|s| s.ok_per_s)
+        .sum()
+}
+
+fn acquire_p99_ms(run: &RunResult) -> Option<f64> {
+    run.summary.ops.get(&Op::Acquire).map(|s| s.p99_ms)
+}
+
+/// Each system's figures from each place in the order, and the ratios
+/// between fencelock and etcd drawn only from repeats in which both
+/// started on a quiet machine (`fair::quiet_pairs`).
+fn fair_race(out: &mut String, runs: &[&RunResult]) {
+    let ordered: Vec<&RunResult> = runs.iter().copied().filter(|r| r.order.is_some()).collect();
+    if ordered.is_empty() {
+        return;
+    }
+    out.push_str("\n### A fair race: each system from each place\n\nPer profile and repeat, the systems ran back to back; the first one alternates across repeats. A ratio is drawn only from a repeat whose runs all started on a quiet machine.\n\n| profile | repeat | target | place | quiet | lock ops/s | acquire p99 ms |\n|---|---:|---|---:|---|---:|---:|\n");
+    for run in &ordered {
+        let order = run.order.expect("filtered");
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | {} | {} | {:.0} | {} |",
+            run.profile.name(),
+            order.repeat + 1,
+            run.target.name(),
+            order.position + 1,
+            order
+                .settle
+                .map_or("not checked", |s| if s.quiet { "yes" } else { "**no**" }),
+            lock_ops_per_s(run),
+            opt(acquire_p99_ms(run), 2)
+        );
+    }
+    let placed: Vec<crate::fair::Placed> = ordered.iter().map(|r| (*r).into()).collect();
+    let pairs = crate::fair::quiet_pairs(&placed);
+    out.push_str("\n| profile | repeat | fencelock first | lock ops/s fencelock / etcd | acquire p99 etcd / fencelock |\n|---|---:|---|---:|---:|\n");
+    let mut claimed = 0;
+    for (profile, repeat, members) in &pairs {
+        let of = |kind: TargetKind| {
+            members
+                .iter()
+                .map(|&i| ordered[i])
+                .find(|r| r.target == kind)
+        };
+        let (Some(f), Some(e)) = (of(TargetKind::Fencelock), of(TargetKind::Etcd)) else {
+            continue;
+        };
+        claimed += 1;
+        let first = f.order.is_some_and(|o| o.position == 0);
+        let p99_ratio = match (acquire_p99_ms(e), acquire_p99_ms(f)) {
+            (Some(e), Some(f)) if f > 0.0 => Some(e / f),
+            _ => None,
+        };
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | {} | {} |",
+            profile.name(),
+            repeat + 1,
+            if first { "yes" } else { "no" },
+            opt(Some(lock_ops_per_s(f) / lock_ops_per_s(e)), 2),
+            opt(p99_ratio, 2)
+        );
+    }
+    if claimed == 0 {
+        out.push_str("| (none) | | | no repeat started on a quiet machine for both systems: no ratio is claimed | |\n");
+    }
 }
