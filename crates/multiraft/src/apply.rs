@@ -34,6 +34,9 @@ pub(crate) fn apply_entries(
     obs: &mut observe::ApplyObs<'_>,
 ) {
     let mut applied_normal = 0u32;
+    // The stamp of the last entry applied in this pass (placement entries
+    // included: every stamp is its leader's lease clock).
+    let mut last_stamp_ms = None;
     for entry in entries {
         if entry.index <= peer.applied_index {
             continue;
@@ -83,6 +86,7 @@ pub(crate) fn apply_entries(
                 peer.shard_id, entry.index
             ),
         };
+        last_stamp_ms = Some(now_ms);
         let (entry_epoch, commands) = match payload {
             Payload::Locks(commands) => (None, commands),
             Payload::LocksAtEpoch { epoch, commands } => (Some(epoch), commands),
@@ -154,8 +158,10 @@ pub(crate) fn apply_entries(
     }
     // One clock read per apply pass, not per entry: every entry of the pass
     // is applied by its end.
+    if let Some(stamp_ms) = last_stamp_ms {
+        crate::replica::note_last_stamp(peer, stamp_ms, obs.clock.now());
+    }
     if applied_normal > 0 {
-        crate::replica::note_stamp_seen(peer, obs.clock.now());
         let seconds = obs
             .clock
             .now()

@@ -170,6 +170,10 @@ impl Store {
                 match decode_state(snap.get_data()) {
                     Ok((table, placement)) => {
                         peer.table = table;
+                        // The entries the snapshot stands for were never
+                        // applied here one by one: whose clock their
+                        // stamps came from, and when, is unknown.
+                        peer.last_stamp = None;
                         peer.watch.restart(&peer.table);
                         peer.placement = placement;
                         peer.applied_index = snap.get_metadata().index;

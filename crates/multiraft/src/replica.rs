@@ -66,33 +66,46 @@ pub(crate) struct LeaderClock {
     pub(crate) started: Instant,
 }
 
-/// Where a new leader's lease clock starts: the table's clock (`stamp_ms`,
-/// the highest stamp applied) plus the time this replica has measured on
-/// its own monotonic clock since it applied that stamp (`seen`), which is
-/// no more than the time since the old leader read it. Never the wall
-/// clock: a node whose wall clock jumped ahead by seconds would free every
-/// lease seconds early the moment it was elected (the allowance a
-/// `LeaderChanged` adds covers only `clock_offset_allowance_ms`). Only a
-/// brand-new table, which holds no lease, starts from the wall clock (so
-/// that lease times read like Unix times). Lease safety across a leader
-/// change therefore rests on monotonic clock rates alone (docs/safety.md,
-/// "Time and leases").
+/// Where a new leader's lease clock starts: the table's clock
+/// (`table_clock_ms`, the highest stamp applied), or, if later, the stamp
+/// of the last entry this replica applied plus the time it has measured on
+/// its own monotonic clock since (`last_stamp`). That entry's proposer read
+/// its lease clock before the entry committed and this replica applied it
+/// after, so the sum is never ahead of the proposer's lease clock now, and
+/// the proposer is the last leader whose entries this replica has applied:
+/// the leader whose leases it inherits.
+///
+/// Not the highest stamp plus the time since it was first applied: a
+/// leader whose clock started behind the table's (one that restarted, or
+/// installed a snapshot, and could not account for the time since its
+/// stamp) grants while the table's time stands still at an older leader's
+/// stamp, and a successor extrapolating that older stamp would run ahead of
+/// it by up to the time it stood still and end its leases early (the chaos
+/// run of 2026-12-07, seed 4538120458970: a lease gone 0.5 s before its
+/// holder's stop-by after a leadership transfer).
+///
+/// Never the wall clock: a node whose wall clock jumped ahead by seconds
+/// would free every lease seconds early the moment it was elected (the
+/// allowance a `LeaderChanged` adds covers only
+/// `clock_offset_allowance_ms`). Only a brand-new table, which holds no
+/// lease, starts from the wall clock (so that lease times read like Unix
+/// times). Lease safety across a leader change therefore rests on
+/// monotonic clock rates alone (docs/safety.md, "Time and leases").
 pub(crate) fn lease_clock_start(
-    stamp_ms: u64,
-    seen: Option<(u64, Instant)>,
+    table_clock_ms: u64,
+    last_stamp: Option<(u64, Instant)>,
     wall_ms: u64,
     now: Instant,
 ) -> u64 {
-    if stamp_ms == 0 {
+    if table_clock_ms == 0 {
         return wall_ms;
     }
-    match seen {
-        Some((seen_ms, at)) if seen_ms == stamp_ms => {
-            stamp_ms.saturating_add(now.saturating_duration_since(at).as_millis() as u64)
-        }
-        // Not applied here since this process started (a replica that
-        // restarted or installed a snapshot): no elapsed time is known.
-        _ => stamp_ms,
+    match last_stamp {
+        Some((stamp_ms, at)) => table_clock_ms
+            .max(stamp_ms.saturating_add(now.saturating_duration_since(at).as_millis() as u64)),
+        // Nothing applied here since this process started or since the
+        // last snapshot it installed: no elapsed time is known.
+        None => table_clock_ms,
     }
 }
 
@@ -107,13 +120,11 @@ pub(crate) fn start_from_wall_clock(peer: &mut Peer, time: &dyn Clock) {
     }
 }
 
-/// Records when this replica first saw the table's clock at its current
-/// value; called after each apply pass.
-pub(crate) fn note_stamp_seen(peer: &mut Peer, now: Instant) {
-    let stamp = peer.table.clock_ms();
-    if peer.stamp_seen.is_none_or(|(seen, _)| seen != stamp) {
-        peer.stamp_seen = Some((stamp, now));
-    }
+/// Records the stamp of the last entry an apply pass applied, with the
+/// pass's end on this replica's monotonic clock (later than the apply
+/// itself: it only shortens the time a successor adds).
+pub(crate) fn note_last_stamp(peer: &mut Peer, stamp_ms: u64, now: Instant) {
+    peer.last_stamp = Some((stamp_ms, now));
 }
 
 impl LeaderClock {
@@ -145,10 +156,12 @@ pub(crate) struct Peer {
     /// cancels it: the proposal timeout.
     pub(crate) orphan_grace: Duration,
     pub(crate) clock: Option<LeaderClock>,
-    /// The table's lease clock (its highest applied stamp) and when this
-    /// replica applied it, on its monotonic clock: where its lease clock
-    /// starts if it becomes leader (see [`lease_clock_start`]).
-    pub(crate) stamp_seen: Option<(u64, Instant)>,
+    /// The stamp of the last entry this replica applied (its proposer's
+    /// lease clock when proposed) and when, on this replica's monotonic
+    /// clock; `None` after a restart until an entry is applied, and after
+    /// a snapshot install. Where its lease clock starts if it becomes
+    /// leader (see [`lease_clock_start`]).
+    pub(crate) last_stamp: Option<(u64, Instant)>,
     /// Propose `LeaderChanged` at the next flush.
     pub(crate) needs_leader_changed: bool,
     /// When this leader last proposed its `LeaderChanged` entry: if it has
@@ -279,7 +292,7 @@ pub(crate) fn fail_peer(peer: &mut Peer, e: StoreError) {
 pub(crate) fn on_role_change(peer: &mut Peer, role: StateRole, time: &dyn Clock) {
     if role == StateRole::Leader {
         let now = time.now();
-        let start = lease_clock_start(peer.table.clock_ms(), peer.stamp_seen, time.wall_ms(), now);
+        let start = lease_clock_start(peer.table.clock_ms(), peer.last_stamp, time.wall_ms(), now);
         peer.clock = Some(LeaderClock {
             wall_ms_at_start: start,
             started: now,
@@ -339,13 +352,40 @@ mod tests {
     }
 
     #[test]
-    fn a_stamp_not_seen_applied_here_gives_no_elapsed_time() {
+    fn nothing_applied_here_gives_no_elapsed_time() {
         let now = Instant::now();
         let stamp = WALL_MS;
-        // Restarted (nothing seen), or the table moved on since (a snapshot).
+        // Restarted, or installed a snapshot, and applied nothing since.
         assert_eq!(lease_clock_start(stamp, None, stamp + 5_000, now), stamp);
-        let older = Some((stamp - 100, now - Duration::from_secs(3)));
+        // An old entry's stamp plus the time since never goes below the
+        // table's clock.
+        let older = Some((stamp - 4_000, now - Duration::from_secs(3)));
         assert_eq!(lease_clock_start(stamp, older, stamp + 5_000, now), stamp);
+    }
+
+    /// The table's time stood still at an older leader's stamp (10 s) while
+    /// the last leader, whose clock started behind it (it had restarted),
+    /// stamped 8 s and granted a lease until 10 s + 2 s of table time. Its
+    /// successor must continue the last leader's time, not the older
+    /// leader's: starting at 10 s + the 3.1 s since that stamp was applied
+    /// would end the lease at once, about 4 s early.
+    #[test]
+    fn a_new_leader_continues_the_last_leaders_time_not_an_older_higher_stamp() {
+        let stalled_since = Instant::now();
+        let last_applied = stalled_since + Duration::from_millis(3_000);
+        let now = last_applied + Duration::from_millis(100);
+        let table_clock = WALL_MS + 10_000;
+        let last = Some((WALL_MS + 8_000, last_applied));
+        let start = lease_clock_start(table_clock, last, WALL_MS + 99_000, now);
+        assert_eq!(start, table_clock, "the table's time, still standing");
+        let lease_end = table_clock + 2_000;
+        assert!(start < lease_end, "the inherited lease is still held");
+        // Once the last leader's time passed the table's, it continues.
+        let later = now + Duration::from_millis(2_500);
+        assert_eq!(
+            lease_clock_start(table_clock, last, WALL_MS, later),
+            WALL_MS + 8_000 + 2_600
+        );
     }
 
     #[test]
