@@ -171,6 +171,7 @@ impl Store {
                 next_orphan_scan: None,
                 orphan_grace: Duration::from_millis(self.config.raft.proposal_timeout_ms),
                 clock: None,
+                term_start_index: 0,
                 last_stamp: None,
                 needs_leader_changed: false,
                 leader_changed_at: None,

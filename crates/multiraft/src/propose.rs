@@ -15,17 +15,33 @@ impl Store {
         let max = self.config.raft.max_commands_per_entry as usize;
         let allowance = self.leader_changed_allowance_ms();
         let now = self.time.now();
-        let wall_ms = self.time.wall_ms();
         let shard_ids: Vec<u64> = self.peers.keys().copied().collect();
         for shard_id in shard_ids {
             let needs_lc = {
                 let peer = self.peers.get_mut(&shard_id).expect("listed");
-                std::mem::take(&mut peer.needs_leader_changed) && peer.is_leader()
+                if peer.clock.is_none()
+                    && peer.needs_leader_changed
+                    && crate::replica::may_start_lease_clock(peer)
+                {
+                    crate::replica::start_lease_clock(peer, self.time.as_ref());
+                    #[cfg(feature = "simulation")]
+                    if self.sim_fault == Some(crate::SimFault::TrustWallClockOnNewLeader) {
+                        crate::replica::start_from_wall_clock(peer, self.time.as_ref());
+                    }
+                }
+                // Without a clock (entries of earlier terms not applied
+                // yet) the LeaderChanged waits for a later flush.
+                peer.is_leader()
+                    && peer.clock.is_some()
+                    && std::mem::take(&mut peer.needs_leader_changed)
             };
             if needs_lc {
                 let id = self.next_proposal_id();
                 let peer = self.peers.get_mut(&shard_id).expect("listed");
-                let now_ms = peer.clock.map(|c| c.now_ms(now)).unwrap_or(wall_ms);
+                let now_ms = peer
+                    .clock
+                    .expect("LeaderChanged waits for the lease clock")
+                    .now_ms(now);
                 let cmd = Command::LeaderChanged {
                     clock_offset_allowance_ms: allowance,
                 };
@@ -37,7 +53,13 @@ impl Store {
             }
             let adopt = {
                 let peer = self.peers.get_mut(&shard_id).expect("listed");
-                peer.epoch_queued.take()
+                // A leader whose lease clock has not started yet keeps it
+                // for a later flush (it proposes nothing before its clock).
+                if peer.is_leader() && peer.clock.is_none() {
+                    None
+                } else {
+                    peer.epoch_queued.take()
+                }
             };
             if let Some((epoch, tx)) = adopt {
                 let id = self.next_proposal_id();
@@ -63,7 +85,10 @@ impl Store {
             let mut refused_cancels = Vec::new();
             loop {
                 let peer = self.peers.get_mut(&shard_id).expect("listed");
-                if peer.queued.is_empty() {
+                // A new leader waits for its lease clock (the entries of
+                // earlier terms applied): the commands stay queued, to be
+                // stamped by it. Losing leadership instead answers them.
+                if peer.queued.is_empty() || (peer.is_leader() && peer.clock.is_none()) {
                     break;
                 }
                 let take = peer.queued.len().min(max);
@@ -114,7 +139,7 @@ impl Store {
             }
             let peer = self.peers.get_mut(&shard_id).expect("listed");
             peer.queued.append(&mut refused_cancels);
-            if peer.meta_queued.is_empty() {
+            if peer.meta_queued.is_empty() || (peer.is_leader() && peer.clock.is_none()) {
                 continue;
             }
             let chunk = std::mem::take(&mut peer.meta_queued);

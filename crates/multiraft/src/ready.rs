@@ -66,11 +66,7 @@ impl Store {
                 if role == StateRole::Leader && peer.clock.is_none() {
                     self.obs.metrics.leader_changes.inc();
                 }
-                on_role_change(peer, role, self.time.as_ref());
-                #[cfg(feature = "simulation")]
-                if self.sim_fault == Some(crate::SimFault::TrustWallClockOnNewLeader) {
-                    crate::replica::start_from_wall_clock(peer, self.time.as_ref());
-                }
+                on_role_change(peer, role);
             }
             entries_staged += rd.entries().len() as u64;
             // What raft-rs may send before this ready is persisted: only a

@@ -120,6 +120,29 @@ pub(crate) fn start_from_wall_clock(peer: &mut Peer, time: &dyn Clock) {
     }
 }
 
+/// Whether a leader without a lease clock has applied every entry of the
+/// terms before its own, so its clock may start.
+pub(crate) fn may_start_lease_clock(peer: &Peer) -> bool {
+    peer.is_leader() && peer.applied_index + 1 >= peer.term_start_index
+}
+
+/// Starts a leader's lease clock (see [`lease_clock_start`]). Called once
+/// [`may_start_lease_clock`]: a new leader's log may hold entries of the
+/// previous leader it has not applied yet (committed, but not yet known
+/// to be); their stamps are that leader's time, and starting from an
+/// older entry's stamp could run ahead of it. Those entries are applied
+/// once the first entry of this term commits, and no command of this
+/// leader counts before its `LeaderChanged`, which is stamped from here.
+pub(crate) fn start_lease_clock(peer: &mut Peer, time: &dyn Clock) {
+    debug_assert!(may_start_lease_clock(peer));
+    let now = time.now();
+    let start = lease_clock_start(peer.table.clock_ms(), peer.last_stamp, time.wall_ms(), now);
+    peer.clock = Some(LeaderClock {
+        wall_ms_at_start: start,
+        started: now,
+    });
+}
+
 /// Records the stamp of the last entry an apply pass applied, with the
 /// pass's end on this replica's monotonic clock (later than the apply
 /// itself: it only shortens the time a successor adds).
@@ -155,7 +178,13 @@ pub(crate) struct Peer {
     /// How long a waiter may stay without a caller here before the leader
     /// cancels it: the proposal timeout.
     pub(crate) orphan_grace: Duration,
+    /// A leader's lease clock, from when it has applied every entry of the
+    /// terms before its own (see [`start_lease_clock`]); `None` before.
     pub(crate) clock: Option<LeaderClock>,
+    /// A leader: the index of the first entry of its term (the empty entry
+    /// raft-rs appends on election). Its lease clock starts once every
+    /// entry before it is applied.
+    pub(crate) term_start_index: u64,
     /// The stamp of the last entry this replica applied (its proposer's
     /// lease clock when proposed) and when, on this replica's monotonic
     /// clock; `None` after a restart until an entry is applied, and after
@@ -289,18 +318,18 @@ pub(crate) fn fail_peer(peer: &mut Peer, e: StoreError) {
     }
 }
 
-pub(crate) fn on_role_change(peer: &mut Peer, role: StateRole, time: &dyn Clock) {
+pub(crate) fn on_role_change(peer: &mut Peer, role: StateRole) {
     if role == StateRole::Leader {
-        let now = time.now();
-        let start = lease_clock_start(peer.table.clock_ms(), peer.last_stamp, time.wall_ms(), now);
-        peer.clock = Some(LeaderClock {
-            wall_ms_at_start: start,
-            started: now,
-        });
+        // The lease clock waits until the entries of earlier terms are
+        // applied (`start_lease_clock`): only then is the last applied
+        // entry the last leader's, whose leases this one inherits.
+        peer.clock = None;
+        peer.term_start_index = peer.raw.raft.raft_log.last_index();
         peer.needs_leader_changed = true;
         return;
     }
     peer.clock = None;
+    peer.term_start_index = 0;
     peer.hot.clear();
     peer.orphans.clear();
     peer.next_orphan_scan = None;
