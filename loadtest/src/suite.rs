@@ -77,6 +77,13 @@ pub struct Derived {
     pub entries_per_fsync: Option<f64>,
     /// Mean duration of one synced log write, in ms.
     pub fsync_mean_ms: Option<f64>,
+    /// CPU seconds of all the cluster's nodes over the window (from
+    /// `/proc/<pid>/stat`); `None` when the nodes are not local processes.
+    pub server_cpu_s: Option<f64>,
+    /// Server CPU per successful lock operation, in µs, summed over the
+    /// nodes: a figure a busy shared machine disturbs far less than
+    /// throughput. For `saturate` it spans every step of the run.
+    pub server_cpu_us_per_lock_op: Option<f64>,
 }
 
 /// Everything one run of one profile against one target measured.
@@ -314,7 +321,9 @@ pub async fn run_one(
         _ => Vec::new(),
     };
     let counters = counters_before.delta(&counters_after);
-    let derived = derive(&summary, &counters, nodes.len().max(3));
+    let server_cpu_s =
+        (!nodes.is_empty()).then(|| nodes.iter().map(|n| n.cpu_cores).sum::<f64>() * window_s);
+    let derived = derive(&summary, &counters, nodes.len().max(3), server_cpu_s);
     if let Some(c) = &cluster {
         c.lock().unwrap_or_else(|e| e.into_inner()).stop();
     }
@@ -349,7 +358,14 @@ fn window_usage(before: &[NodeUsage], after: &[NodeUsage], window_s: f64) -> Vec
         .collect()
 }
 
-fn derive(summary: &Summary, counters: &ServerCounters, nodes: usize) -> Derived {
+/// `server_cpu_s`: CPU seconds of every node over the window (`None`: the
+/// nodes are not this run's processes).
+fn derive(
+    summary: &Summary,
+    counters: &ServerCounters,
+    nodes: usize,
+    server_cpu_s: Option<f64>,
+) -> Derived {
     let lock_ops: u64 = [Op::Acquire, Op::Renew, Op::Release]
         .iter()
         .filter_map(|op| summary.ops.get(op))
@@ -369,6 +385,10 @@ fn derive(summary: &Summary, counters: &ServerCounters, nodes: usize) -> Derived
             .log_fsync_s
             .zip(counters.log_fsyncs.filter(|&f| f > 0))
             .map(|(s, f)| s * 1000.0 / f as f64),
+        server_cpu_s,
+        server_cpu_us_per_lock_op: server_cpu_s
+            .filter(|_| lock_ops > 0)
+            .map(|s| s * 1e6 / lock_ops as f64),
     }
 }
 

@@ -188,6 +188,23 @@ async fn capacity_kills_and_restarts_a_node_process_of_a_local_cluster() {
     assert!(run.nodes.iter().all(|n| n.peak_rss_mib > 0.0));
     // With one replica of three down the cluster keeps serving.
     assert!(ok_count(&run, Op::Acquire) > 0);
+    // The nodes' CPU per lock operation, from their processes.
+    let cpu_s = run
+        .derived
+        .server_cpu_s
+        .expect("the nodes are this run's processes");
+    let per_op = run
+        .derived
+        .server_cpu_us_per_lock_op
+        .expect("lock ops were done");
+    assert!(cpu_s > 0.0 && per_op > 0.0, "{cpu_s} s, {per_op} µs");
+    let expected = cpu_s * 1e6 / run.derived.lock_ops as f64;
+    assert!(
+        (per_op - expected).abs() < 1e-6 * expected,
+        "{per_op} vs {expected}"
+    );
+    let tables = suite_tables(run, tmp.path());
+    assert!(tables.contains("| µs per lock op |"), "{tables}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -106,6 +106,19 @@ pub fn render(report: &Report) -> String {
         }
     }
 
+    out.push_str("\n### Server CPU per lock operation\n\nCPU time of all three nodes over the measured window (from /proc) per successful acquire, renew or release; for `saturate` over every step together.\n\n| target | profile | lock ops | server CPU s | µs per lock op |\n|---|---|---:|---:|---:|\n");
+    for run in &runs {
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | {} | {} |",
+            run.target.name(),
+            run.profile.name(),
+            run.derived.lock_ops,
+            opt(run.derived.server_cpu_s, 1),
+            opt(run.derived.server_cpu_us_per_lock_op, 1)
+        );
+    }
+
     out.push_str("\n### Batching: lock operations per Raft entry and per fsync\n\n| target | profile | lock ops | Raft entries | log fsyncs (all nodes) | ops / entry | ops / fsync (per node) | entries / fsync | mean fsync ms |\n|---|---|---:|---:|---:|---:|---:|---:|---:|\n");
     for run in &runs {
         let _ = writeln!(
