@@ -19,7 +19,7 @@ impl Store {
         for shard_id in shard_ids {
             let needs_lc = {
                 let peer = self.peers.get_mut(&shard_id).expect("listed");
-                if peer.clock.is_none()
+                if peer.awaits_lease_clock()
                     && peer.needs_leader_changed
                     && crate::replica::may_start_lease_clock(peer)
                 {
@@ -55,7 +55,7 @@ impl Store {
                 let peer = self.peers.get_mut(&shard_id).expect("listed");
                 // A leader whose lease clock has not started yet keeps it
                 // for a later flush (it proposes nothing before its clock).
-                if peer.is_leader() && peer.clock.is_none() {
+                if peer.awaits_lease_clock() {
                     None
                 } else {
                     peer.epoch_queued.take()
@@ -88,7 +88,7 @@ impl Store {
                 // A new leader waits for its lease clock (the entries of
                 // earlier terms applied): the commands stay queued, to be
                 // stamped by it. Losing leadership instead answers them.
-                if peer.queued.is_empty() || (peer.is_leader() && peer.clock.is_none()) {
+                if peer.queued.is_empty() || peer.awaits_lease_clock() {
                     break;
                 }
                 let take = peer.queued.len().min(max);
@@ -139,7 +139,7 @@ impl Store {
             }
             let peer = self.peers.get_mut(&shard_id).expect("listed");
             peer.queued.append(&mut refused_cancels);
-            if peer.meta_queued.is_empty() || (peer.is_leader() && peer.clock.is_none()) {
+            if peer.meta_queued.is_empty() || peer.awaits_lease_clock() {
                 continue;
             }
             let chunk = std::mem::take(&mut peer.meta_queued);

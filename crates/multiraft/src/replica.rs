@@ -249,6 +249,12 @@ impl Peer {
     }
 
     /// Leader whose `LeaderChanged` entry has been applied in its term.
+    /// A leader whose lease clock has not started yet (entries of earlier
+    /// terms still to apply): it proposes nothing, its queues wait.
+    pub(crate) fn awaits_lease_clock(&self) -> bool {
+        self.is_leader() && self.clock.is_none()
+    }
+
     pub(crate) fn is_ready_leader(&self) -> bool {
         self.is_leader() && self.table.leader_term() == self.raw.raft.term
     }
