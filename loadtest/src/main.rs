@@ -379,16 +379,12 @@ impl CommonArgs {
     }
 }
 
-/// One run of an invocation: where, what, and (in a comparison) its place
-/// and whether to wait for a quiet machine first.
-type Job = (
-    TargetSetup,
-    ProfileKind,
-    Option<(fair::Job, Option<SettleConfig>)>,
-);
+/// One run of an invocation: where, what, and (in a comparison) its place.
+type Run = (TargetSetup, ProfileKind, Option<fair::Job>);
 
 async fn run(cli: Cli) -> Result<(), BenchError> {
-    let (common, jobs): (&CommonArgs, Vec<Job>) = match &cli.command {
+    // What a comparison waits for before every run (`None`: no waiting).
+    let (common, jobs, settle): (&CommonArgs, Vec<Run>, Option<SettleConfig>) = match &cli.command {
         Command::Run(args) => (
             &args.common,
             vec![(
@@ -396,6 +392,7 @@ async fn run(cli: Cli) -> Result<(), BenchError> {
                 args.profile,
                 None,
             )],
+            None,
         ),
         Command::ClientLoad(args) => return client_load(args).await,
         Command::Compare(args) => {
@@ -411,21 +408,16 @@ async fn run(cli: Cli) -> Result<(), BenchError> {
                 &args.common,
                 fair::schedule(&args.targets, &args.profiles, repeats)
                     .into_iter()
-                    .map(|job| {
-                        (
-                            args.common.setup(job.target, None),
-                            job.profile,
-                            Some((job, settle)),
-                        )
-                    })
+                    .map(|job| (args.common.setup(job.target, None), job.profile, Some(job)))
                     .collect(),
+                settle,
             )
         }
     };
     let profiles = common.profiles();
     let mut runs = Vec::new();
     for (setup, profile, place) in jobs {
-        let settled = match place.and_then(|(_, settle)| settle) {
+        let settled = match settle.filter(|_| place.is_some()) {
             Some(config) => {
                 let record = fair::settle(&config).await;
                 eprintln!(
@@ -442,7 +434,7 @@ async fn run(cli: Cli) -> Result<(), BenchError> {
             None => None,
         };
         let mut result = suite::run_one(&setup, profile, &profiles).await?;
-        result.order = place.map(|(job, _)| RunOrder {
+        result.order = place.map(|job| RunOrder {
             repeat: job.repeat,
             position: job.position,
             settle: settled,

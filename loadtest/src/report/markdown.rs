@@ -83,7 +83,7 @@ pub fn render(report: &Report) -> String {
                 s.waited_ms as f64 / 1000.0
             )),
             settle.map_or("-".to_owned(), |s| format!("{:.0}%", s.busy_pct)),
-            settle.map_or("not checked", |s| if s.quiet { "yes" } else { "**no**" }),
+            quiet_cell(settle),
             run.load_avg_1m[0],
             run.load_avg_1m[1]
         );
@@ -318,11 +318,12 @@ fn failover_table(out: &mut String, run: &RunResult, f: &FailoverFindings) {
 
 /// Lock operations per second of a run: acquires, renews and releases.
 fn lock_ops_per_s(run: &RunResult) -> f64 {
-    [Op::Acquire, Op::Renew, Op::Release]
-        .iter()
-        .filter_map(|op| run.summary.ops.get(op))
-        .map(|s| s.ok_per_s)
-        .sum()
+    run.derived.lock_ops as f64 / run.summary.window_s
+}
+
+/// Whether a run of a comparison started on a quiet machine.
+fn quiet_cell(settle: Option<crate::fair::SettleRecord>) -> &'static str {
+    settle.map_or("not checked", |s| if s.quiet { "yes" } else { "**no**" })
 }
 
 fn acquire_p99_ms(run: &RunResult) -> Option<f64> {
@@ -347,9 +348,7 @@ fn fair_race(out: &mut String, runs: &[&RunResult]) {
             order.repeat + 1,
             run.target.name(),
             order.position + 1,
-            order
-                .settle
-                .map_or("not checked", |s| if s.quiet { "yes" } else { "**no**" }),
+            quiet_cell(order.settle),
             lock_ops_per_s(run),
             opt(acquire_p99_ms(run), 2)
         );
