@@ -133,6 +133,10 @@ pub(crate) fn may_start_lease_clock(peer: &Peer) -> bool {
 /// older entry's stamp could run ahead of it. Those entries are applied
 /// once the first entry of this term commits, and no command of this
 /// leader counts before its `LeaderChanged`, which is stamped from here.
+/// Defence in depth: a replica holding any lease-bearing entry of the
+/// previous leader learned, with it, that leader's `LeaderChanged`
+/// committed and applied it (docs/safety.md, "Where a new leader's lease
+/// clock starts"); the wait keeps the rule without that argument.
 pub(crate) fn start_lease_clock(peer: &mut Peer, time: &dyn Clock) {
     debug_assert!(may_start_lease_clock(peer));
     let now = time.now();

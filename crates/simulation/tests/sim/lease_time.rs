@@ -25,7 +25,7 @@ use super::world::World;
 /// default is 5%); the checks below use none, the strictest reading.
 const TTL_MS: u64 = 5_000;
 
-fn shard_of(world_config: &StoreConfig, resource: &ResourceName) -> u64 {
+pub(super) fn shard_of(world_config: &StoreConfig, resource: &ResourceName) -> u64 {
     let nodes: Vec<(u64, String)> = world_config.peer_map().into_iter().collect();
     let map = PlacementMap::bootstrap(
         &nodes,
@@ -36,12 +36,12 @@ fn shard_of(world_config: &StoreConfig, resource: &ResourceName) -> u64 {
     map.shard_of_slot(slot_of(resource))
 }
 
-fn leader_of(world: &World, shard_id: u64) -> Option<u64> {
+pub(super) fn leader_of(world: &World, shard_id: u64) -> Option<u64> {
     world.leaders().get(&shard_id).copied()
 }
 
 /// The held lease's answered TTL, or a panic naming what came instead.
-fn granted_ttl_ms(status: &AcquireStatus) -> u64 {
+pub(super) fn granted_ttl_ms(status: &AcquireStatus) -> u64 {
     match status {
         AcquireStatus::Held { lease_ttl_ms, .. } => *lease_ttl_ms,
         other => panic!("not held: {other:?}"),

@@ -14,6 +14,7 @@
 
 pub mod attempts;
 pub mod clients;
+pub mod leader_clock;
 pub mod lease_time;
 pub mod orphans;
 pub mod reshard;

@@ -387,6 +387,12 @@ impl World {
         self.node(id).clock.set_rate(ppm);
     }
 
+    /// Nodes started from now on (restarts included) run without the
+    /// world's deliberate bug; the running ones keep it.
+    pub fn start_without_fault_from_now(&mut self) {
+        self.fault = None;
+    }
+
     pub fn is_up(&self, id: u64) -> bool {
         self.nodes[(id - 1) as usize].store.is_some()
     }
