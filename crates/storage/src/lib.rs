@@ -2,10 +2,11 @@
 //!
 //! One node hosts many shard Raft groups (raft-rs `RawNode`s) in one process
 //! over **one** key-value engine. The store loop collects every shard's
-//! `Ready`, stages all of them into one [`WriteBatch`], writes it with a
-//! single synced write (group commit across shards), reports the write to
-//! each shard ([`ShardStorage::on_persisted`]), and only then sends messages
-//! and advances the `RawNode`s.
+//! `Ready`, stages all of them into one [`WriteBatch`] and hands it to a
+//! writer that syncs it once (group commit across shards) while the loop
+//! keeps going; when the write lands it reports it to each shard
+//! ([`ShardStorage::on_persisted_through`] with the batch's mark), and only
+//! then sends the messages that need it durable.
 //!
 //! Modules and what each owns:
 //!

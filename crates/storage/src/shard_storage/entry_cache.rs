@@ -1,11 +1,14 @@
-//! A small per-shard cache of the most recent *durable* log entries.
+//! A small per-shard cache of the most recent log entries, staged or
+//! durable.
 //!
-//! Right after a group commit the leader sends the new entries to followers
-//! and, once committed, applies them: both read entries that were just
-//! written. Serving those from memory keeps RocksDB reads off the hot path.
+//! Entries enter when they are staged, so the leader sends them to
+//! followers while their write is in flight, and applies them once
+//! committed, from memory. Every entry not yet durable stays cached
+//! (`keep_from`): the engine may not have it yet, or may be overwriting
+//! an older one at its index, so memory is the only place to read it.
 //!
 //! Invariant: the cached entries are contiguous and, when the cache is not
-//! empty, the last one is the shard's durable last entry. So a lookup is a
+//! empty, the last one is the shard's staged last entry. So a lookup is a
 //! subtraction, and a read of `[low, high)` is "engine for the part before
 //! the cache, cache for the rest".
 
@@ -49,11 +52,12 @@ impl EntryCache {
         self.entries.iter().skip(skip).take(take)
     }
 
-    /// Records entries that just became durable. `entries` are consecutive;
-    /// anything cached at or after their first index is replaced (the log was
+    /// Records entries just staged. `entries` are consecutive; anything
+    /// cached at or after their first index is replaced (the log was
     /// truncated there). If they do not connect to the cached ones, the cache
-    /// restarts from them so it stays contiguous.
-    pub(crate) fn append(&mut self, entries: &[Entry]) {
+    /// restarts from them so it stays contiguous. Eviction keeps every entry
+    /// from `keep_from` on (the first one not yet durable).
+    pub(crate) fn append(&mut self, entries: &[Entry], keep_from: Option<u64>) {
         let Some(first_new) = entries.first().map(|e| e.index) else {
             return;
         };
@@ -67,7 +71,7 @@ impl EntryCache {
             self.size_bytes += entry_size(entry);
             self.entries.push_back(entry.clone());
         }
-        self.evict();
+        self.evict(keep_from);
     }
 
     /// Drops cached entries with index `<= index` (log compaction).
@@ -90,10 +94,16 @@ impl EntryCache {
         }
     }
 
-    fn evict(&mut self) {
+    /// Drops the oldest entries while over budget, never one at or after
+    /// `keep_from` (not yet durable: over budget until its write lands).
+    pub(crate) fn evict(&mut self, keep_from: Option<u64>) {
         while self.size_bytes > ENTRY_CACHE_MAX_BYTES
             || self.entries.len() > ENTRY_CACHE_MAX_ENTRIES
         {
+            let front = self.first_index().unwrap_or(u64::MAX);
+            if keep_from.is_some_and(|keep| front >= keep) {
+                break;
+            }
             self.pop_front();
         }
     }
@@ -130,13 +140,13 @@ mod tests {
     #[test]
     fn append_truncates_conflicting_suffix_and_stays_contiguous() {
         let mut cache = EntryCache::default();
-        cache.append(&[entry(1, 1, 1), entry(2, 1, 1), entry(3, 1, 1)]);
-        cache.append(&[entry(2, 2, 1)]);
+        cache.append(&[entry(1, 1, 1), entry(2, 1, 1), entry(3, 1, 1)], None);
+        cache.append(&[entry(2, 2, 1)], None);
         assert_eq!(cache.len(), 2);
         assert_eq!(cache.get(2).map(|e| e.term), Some(2));
         assert!(cache.get(3).is_none());
         // A non-connecting append restarts the cache.
-        cache.append(&[entry(10, 3, 1)]);
+        cache.append(&[entry(10, 3, 1)], None);
         assert_eq!(cache.first_index(), Some(10));
         assert_eq!(cache.len(), 1);
     }
@@ -146,7 +156,7 @@ mod tests {
         let mut cache = EntryCache::default();
         let big = ENTRY_CACHE_MAX_BYTES / 4;
         for i in 1..=10 {
-            cache.append(&[entry(i, 1, big)]);
+            cache.append(&[entry(i, 1, big)], None);
             assert!(cache.size_bytes <= ENTRY_CACHE_MAX_BYTES);
             assert_eq!(cache.entries.back().map(|e| e.index), Some(i));
         }
@@ -154,14 +164,31 @@ mod tests {
         let many: Vec<Entry> = (11..11 + ENTRY_CACHE_MAX_ENTRIES as u64 + 5)
             .map(|i| entry(i, 1, 0))
             .collect();
-        cache.append(&many);
+        cache.append(&many, None);
         assert_eq!(cache.len(), ENTRY_CACHE_MAX_ENTRIES);
+    }
+
+    #[test]
+    fn entries_not_yet_durable_stay_cached_over_budget_until_released() {
+        let mut cache = EntryCache::default();
+        let big = ENTRY_CACHE_MAX_BYTES / 4;
+        cache.append(&[entry(1, 1, big), entry(2, 1, big)], None);
+        // 3..=8 are staged, not durable: all of them stay, over budget.
+        let staged: Vec<Entry> = (3..=8).map(|i| entry(i, 1, big)).collect();
+        cache.append(&staged, Some(3));
+        assert_eq!(cache.first_index(), Some(3), "only durable ones evicted");
+        assert_eq!(cache.len(), 6);
+        assert!(cache.size_bytes > ENTRY_CACHE_MAX_BYTES);
+        // Durable now: back within budget, newest kept.
+        cache.evict(None);
+        assert!(cache.size_bytes <= ENTRY_CACHE_MAX_BYTES);
+        assert_eq!(cache.entries.back().map(|e| e.index), Some(8));
     }
 
     #[test]
     fn compact_and_range() {
         let mut cache = EntryCache::default();
-        cache.append(&(5..10).map(|i| entry(i, 1, 1)).collect::<Vec<_>>());
+        cache.append(&(5..10).map(|i| entry(i, 1, 1)).collect::<Vec<_>>(), None);
         cache.compact_to(6);
         assert_eq!(cache.first_index(), Some(7));
         let got: Vec<u64> = cache.range(7, 9).map(|e| e.index).collect();

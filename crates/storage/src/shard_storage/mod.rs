@@ -17,33 +17,40 @@
 //! Each staging method either stages everything it has to or, on error,
 //! leaves both the batch and the storage untouched.
 //!
-//! # When staged changes become visible (the cache visibility rule)
+//! # What reads see, and when staged changes become durable
 //!
-//! Reads through [`raft::Storage`] see only **durable** state. Staged changes
-//! are held aside and become visible when the caller reports that the batch
-//! holding them was written, by calling [`ShardStorage::on_persisted`]. So
-//! the store loop must, per iteration:
+//! Reads through [`raft::Storage`] (`entries`, `term`, `first_index`,
+//! `last_index`) see the **staged** log: durable plus everything staged,
+//! written or not. That is what raft-rs expects of an asynchronous write
+//! path: `RawNode::advance_append_async` moves a `Ready`'s entries out of
+//! raft-rs's own unstable buffer at once, and raft-rs then reads them
+//! from storage (to send them to followers) while the write that holds
+//! them is still in flight. So staged entries go into the entry cache when
+//! they are staged, and the cache keeps every entry not yet durable (it
+//! evicts only older ones): an entry the engine may not have yet, or may
+//! be overwriting, is always read from memory, and the engine is read only
+//! below the first entry any pending write touches.
 //!
-//! 1. for each shard with a `Ready`: stage (snapshot, entries, hard state);
-//! 2. `engine.write(&batch, true)` once;
-//! 3. on success, `on_persisted()` on every shard that staged;
-//! 4. only then send messages and call `RawNode::advance`.
+//! What is *durable* moves only when the caller says a write landed: each
+//! staged op gets the next **mark**; take [`ShardStorage::staged_mark`]
+//! when a batch is handed to the disk, and call
+//! [`ShardStorage::on_persisted_through`] with it once that batch is
+//! written. The durable accessors (`hard_state`, `applied_index`, `last`,
+//! `truncated`, `snapshot_info`) move then, and the state-machine snapshot
+//! served to raft-rs is always a durable one: while a snapshot save or
+//! install is pending, `snapshot()` answers "temporarily unavailable"
+//! (the engine may hold half of the old and half of the new otherwise).
+//! Batches are written in the order they were staged, so durability
+//! advances in mark order. [`ShardStorage::on_persisted`] is "through
+//! everything staged so far", for callers that write synchronously.
 //!
-//! Why not make staged changes visible at once (as raft-rs's `MemStorage`
-//! does)? raft-rs keeps un-persisted entries in its own `unstable` buffer and
-//! only reads them from `Storage` after `advance`; until then the durable view
-//! is exactly what it expects. Making staged entries visible early would let
-//! `last_index()` promise entries that the engine cannot return yet, and
-//! would leave the cache ahead of the disk if the write failed. With this rule
-//! the cache is never ahead of the disk. If the write fails, call
-//! [`ShardStorage::abort_staged`]; the `RawNode` is then ahead of its storage
-//! and must not be advanced (drop it and recreate it from storage).
+//! If a write fails the node stops (the store loop's fail-stop rule);
+//! [`ShardStorage::abort_staged`] exists for callers that discard a batch:
+//! it forgets every pending op and the cache, and the `RawNode` above it
+//! must be recreated from storage.
 //!
-//! Staging validates against the *staged* view (durable + pending), so
-//! several rounds may be staged before one flush. `on_persisted` makes
-//! *everything* staged so far visible, so keep at most one batch per shard
-//! in flight: do not stage into a second batch while the first one is still
-//! being written (stage into the same batch instead, or wait).
+//! Staging validates against the staged view, so any number of batches
+//! may be staged, in flight and written in order.
 //!
 //! # Log truncation and snapshots
 //!
@@ -59,6 +66,7 @@ mod entry_cache;
 pub use entry_cache::{ENTRY_CACHE_MAX_BYTES, ENTRY_CACHE_MAX_ENTRIES};
 
 use std::cell::Cell;
+use std::collections::VecDeque;
 use std::sync::Arc;
 
 use protobuf::Message;
@@ -237,13 +245,17 @@ enum StagedOp {
 pub struct ShardStorage<E: Engine + ?Sized> {
     engine: Arc<E>,
     shard_id: u64,
-    /// What is on disk; all `raft::Storage` reads use this.
+    /// What is on disk (as far as the caller has reported).
     durable: ShardState,
-    /// `durable` plus every pending op; staging validates against this.
+    /// `durable` plus every pending op: staging validates against it and
+    /// `raft::Storage` reads see it.
     staged: ShardState,
-    /// Ops staged since the last `on_persisted` / `abort_staged`, in order.
-    pending: Vec<StagedOp>,
-    /// Recent durable entries (see [`entry_cache`]).
+    /// Ops staged and not yet reported durable, in order, with their marks.
+    pending: VecDeque<(u64, StagedOp)>,
+    /// The mark the next staged op gets (see the module docs).
+    next_mark: u64,
+    /// Recent entries, every one not yet durable among them (see
+    /// [`entry_cache`]).
     cache: EntryCache,
     /// Highest `request_index` for which `snapshot()` had nothing recent
     /// enough; the node polls it to know that a new snapshot is wanted.
@@ -311,7 +323,8 @@ impl<E: Engine + ?Sized> ShardStorage<E> {
                 snapshot,
             },
             staged: ShardState::default(),
-            pending: Vec::new(),
+            pending: VecDeque::new(),
+            next_mark: 1,
             cache: EntryCache::default(),
             snapshot_request: Cell::new(None),
         };
@@ -433,9 +446,37 @@ impl<E: Engine + ?Sized> ShardStorage<E> {
         self.durable.snapshot
     }
 
-    /// True if changes are staged and waiting for [`Self::on_persisted`].
+    /// True if changes are staged and not yet reported durable.
     pub fn has_staged(&self) -> bool {
         !self.pending.is_empty()
+    }
+
+    /// The mark of everything staged so far: hand it to
+    /// [`Self::on_persisted_through`] once the batch holding those ops is
+    /// written.
+    pub fn staged_mark(&self) -> u64 {
+        self.next_mark - 1
+    }
+
+    /// First index of an entry staged and not yet durable: every entry
+    /// from here on is read from the cache, and the cache keeps them.
+    fn unpersisted_from(&self) -> Option<u64> {
+        (self.pending.iter())
+            .filter_map(|(_, op)| match op {
+                StagedOp::Append(entries) => entries.first().map(|e| e.index),
+                _ => None,
+            })
+            .min()
+    }
+
+    /// Whether a snapshot save or install is staged and not yet durable.
+    fn snapshot_pending(&self) -> bool {
+        (self.pending.iter()).any(|(_, op)| {
+            matches!(
+                op,
+                StagedOp::SaveSnapshot(_) | StagedOp::ApplySnapshot { .. } | StagedOp::Destroy
+            )
+        })
     }
 
     /// Returns and clears the highest index for which raft asked for a
@@ -511,7 +552,7 @@ impl<E: Engine + ?Sized> ShardStorage<E> {
                 first.index, staged.log.last_index
             ));
         }
-        let prev_term = self.staged_term(first.index - 1)?;
+        let prev_term = self.view_term(first.index - 1)?;
         if first.term < prev_term {
             return invalid(format!(
                 "term {} at index {} is below term {prev_term} of the entry before it",
@@ -692,7 +733,7 @@ impl<E: Engine + ?Sized> ShardStorage<E> {
                 ))
             }
         }
-        let term = self.staged_term(compact_index)?;
+        let term = self.view_term(compact_index)?;
         let mut local = WriteBatch::new();
         let (start, end) = keys::log_range(
             self.shard_id,
@@ -758,7 +799,7 @@ impl<E: Engine + ?Sized> ShardStorage<E> {
                 self.staged.log.truncated_index
             ));
         }
-        let log_term = self.staged_term(index)?;
+        let log_term = self.view_term(index)?;
         if log_term != term {
             return invalid(format!(
                 "term {term} does not match term {log_term} of entry {index}"
@@ -806,42 +847,56 @@ impl<E: Engine + ?Sized> ShardStorage<E> {
         // at its default, so suppress those puts with a dedicated path.
         let op = StagedOp::Destroy;
         self.staged.apply(&op);
-        self.pending.push(op);
+        self.cache.clear();
+        self.push_pending(op);
         batch.append(&mut local);
         Ok(())
     }
 
-    /// Makes every staged change visible: call once the batch holding them
-    /// was written successfully, before `RawNode::advance`.
+    fn push_pending(&mut self, op: StagedOp) {
+        self.pending.push_back((self.next_mark, op));
+        self.next_mark += 1;
+    }
+
+    /// Reports everything staged so far durable: for callers that write
+    /// each batch synchronously before staging the next.
     pub fn on_persisted(&mut self) {
-        let mut replayed = self.durable.clone();
-        for op in self.pending.drain(..) {
-            replayed.apply(&op);
-            match op {
-                StagedOp::Append(entries) => self.cache.append(&entries),
-                StagedOp::Compact { index, .. } => self.cache.compact_to(index),
-                StagedOp::ApplySnapshot { .. } | StagedOp::Destroy => self.cache.clear(),
-                StagedOp::HardState(_)
-                | StagedOp::ConfState(_)
-                | StagedOp::Applied(_)
-                | StagedOp::SaveSnapshot(_) => {}
+        self.on_persisted_through(self.staged_mark());
+    }
+
+    /// Reports the ops staged up to `mark` (a [`Self::staged_mark`])
+    /// durable: call once the batch holding them was written. Later ops
+    /// stay pending.
+    pub fn on_persisted_through(&mut self, mark: u64) {
+        debug_assert!(
+            mark <= self.staged_mark(),
+            "mark {mark} was never handed out"
+        );
+        while self.pending.front().is_some_and(|(m, _)| *m <= mark) {
+            if let Some((_, op)) = self.pending.pop_front() {
+                self.durable.apply(&op);
             }
         }
-        // Pair assertion: replaying the pending ops on the durable view must
-        // land exactly on the staged view that validation used.
-        debug_assert_eq!(replayed, self.staged);
-        self.durable = self.staged.clone();
+        if self.pending.is_empty() {
+            // Pair assertion: replaying every pending op on the durable
+            // view must land exactly on the staged view validation used.
+            debug_assert_eq!(self.durable, self.staged);
+            // What was kept only because it was not durable may go now.
+            self.cache.evict(None);
+        }
         debug_assert!(self
             .cache
             .first_index()
-            .is_none_or(|first| first >= self.durable.first_index()));
+            .is_none_or(|first| first >= self.staged.first_index()));
     }
 
     /// Forgets every staged change: call when the batch holding them was
-    /// not written (or was discarded).
+    /// not written (or was discarded). The cache, which held staged
+    /// entries too, starts again from the disk.
     pub fn abort_staged(&mut self) {
         self.pending.clear();
         self.staged = self.durable.clone();
+        self.cache.clear();
     }
 
     /// Applies `op` to the staged view, then moves `local` plus the records
@@ -889,44 +944,54 @@ impl<E: Engine + ?Sized> ShardStorage<E> {
             );
         }
         self.staged = next;
-        self.pending.push(op);
+        match &op {
+            StagedOp::Append(entries) => {
+                let keep_from = (self.unpersisted_from())
+                    .into_iter()
+                    .chain(entries.first().map(|e| e.index))
+                    .min();
+                self.cache.append(entries, keep_from);
+            }
+            StagedOp::Compact { index, .. } => self.cache.compact_to(*index),
+            StagedOp::ApplySnapshot { .. } | StagedOp::Destroy => self.cache.clear(),
+            StagedOp::HardState(_)
+            | StagedOp::ConfState(_)
+            | StagedOp::Applied(_)
+            | StagedOp::SaveSnapshot(_) => {}
+        }
+        self.push_pending(op);
         batch.append(&mut local);
         Ok(())
     }
 
     // ----- reads ---------------------------------------------------------
 
-    /// Term of entry `index` in the staged view (durable + pending).
-    fn staged_term(&self, index: u64) -> Result<u64> {
+    /// Term of entry `index` in the staged view (durable + pending): the
+    /// log state's bounds, then the cache (which holds every entry not yet
+    /// durable), then the engine (stable below the cache).
+    fn view_term(&self, index: u64) -> Result<u64> {
         if let Some(term) = self.term_at_bounds(index, &self.staged)? {
             return Ok(term);
         }
-        // Newest pending append wins: it overwrote anything older there.
-        for op in self.pending.iter().rev() {
-            match op {
-                StagedOp::Append(entries) => {
-                    if let Some(first) = entries.first() {
-                        if index >= first.index {
-                            let offset = usize::try_from(index - first.index).ok();
-                            if let Some(e) = offset.and_then(|o| entries.get(o)) {
-                                return Ok(e.term);
-                            }
-                        }
-                    }
-                }
-                // Everything at or below a pending snapshot's index is
-                // truncated (handled above); anything above it was appended
-                // later and found above. Older state is irrelevant.
-                StagedOp::ApplySnapshot { .. } | StagedOp::Destroy => {
-                    return Err(Error::InvalidState {
-                        shard_id: self.shard_id,
-                        reason: format!("staged log has no entry {index}"),
-                    })
-                }
-                _ => {}
-            }
+        if let Some(e) = self.cache.get(index) {
+            return Ok(e.term);
         }
-        self.durable_term(index)
+        self.check_durable_read(index)?;
+        Ok(self.load_entry(index)?.term)
+    }
+
+    /// Pair assertion of the cache rule: an entry read from the engine is
+    /// below every entry a pending write touches.
+    fn check_durable_read(&self, index: u64) -> Result<()> {
+        match self.unpersisted_from() {
+            Some(from) if index >= from => Err(Error::InvalidState {
+                shard_id: self.shard_id,
+                reason: format!(
+                    "entry {index} is not durable yet (pending from {from}) and not cached"
+                ),
+            }),
+            _ => Ok(()),
+        }
     }
 
     /// The term of `index` when the log state alone answers it (the
@@ -946,16 +1011,6 @@ impl<E: Engine + ?Sized> ShardStorage<E> {
             return Ok(Some(s.last_term));
         }
         Ok(None)
-    }
-
-    fn durable_term(&self, index: u64) -> Result<u64> {
-        if let Some(term) = self.term_at_bounds(index, &self.durable)? {
-            return Ok(term);
-        }
-        if let Some(e) = self.cache.get(index) {
-            return Ok(e.term);
-        }
-        Ok(self.load_entry(index)?.term)
     }
 
     fn compacted(&self, index: u64, s: &ShardState) -> Error {
@@ -991,10 +1046,11 @@ impl<E: Engine + ?Sized> ShardStorage<E> {
         decode_entry(&key, index, &bytes)
     }
 
-    /// Durable entries `[low, high)`, at most `max_size` bytes (but always at
-    /// least one entry if the range is not empty), as raft-rs specifies.
+    /// Entries `[low, high)` of the staged log, at most `max_size` bytes
+    /// (but always at least one entry if the range is not empty), as
+    /// raft-rs specifies.
     pub fn read_entries(&self, low: u64, high: u64, max_size: Option<u64>) -> Result<Vec<Entry>> {
-        let s = &self.durable;
+        let s = &self.staged;
         if low > high {
             return Err(Error::InvalidRange(format!(
                 "entries: low {low} > high {high}"
@@ -1018,6 +1074,7 @@ impl<E: Engine + ?Sized> ShardStorage<E> {
             .map_or(high, |first| first.clamp(low, high));
 
         if low < split {
+            self.check_durable_read(split - 1)?;
             let (start, end) = keys::log_range(self.shard_id, low, split);
             let mut expected = low;
             let shard_id = self.shard_id;
@@ -1130,22 +1187,33 @@ impl<E: Engine + ?Sized> raft::Storage for ShardStorage<E> {
     }
 
     fn term(&self, idx: u64) -> raft::Result<u64> {
-        Ok(self.durable_term(idx)?)
+        Ok(self.view_term(idx)?)
     }
 
     fn first_index(&self) -> raft::Result<u64> {
-        Ok(self.durable.first_index())
+        Ok(self.staged.first_index())
     }
 
     fn last_index(&self) -> raft::Result<u64> {
-        Ok(self.durable.log.last_index)
+        Ok(self.staged.log.last_index)
     }
 
-    /// The latest durable state-machine snapshot if its index is
+    /// The latest durable state-machine snapshot (none while a save or
+    /// install is pending) if its index is
     /// `>= request_index` and its configuration includes the recipient `to`;
     /// otherwise `SnapshotTemporarilyUnavailable` (raft retries later) and
     /// the request is recorded for [`ShardStorage::take_snapshot_request`].
     fn snapshot(&self, request_index: u64, to: u64) -> raft::Result<Snapshot> {
+        if self.snapshot_pending() {
+            // Its write may be landing right now: neither the old nor the
+            // new one can be read whole. raft-rs asks again later.
+            return Err(Error::SnapshotTemporarilyUnavailable {
+                shard_id: self.shard_id,
+                request_index,
+                latest_index: self.durable.snapshot.map(|l| l.index),
+            }
+            .into());
+        }
         match self.durable.snapshot {
             Some(info) if info.index >= request_index => {
                 let snap = self.load_snapshot(info)?;

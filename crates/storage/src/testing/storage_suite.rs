@@ -2,9 +2,11 @@
 //! [`super::storage_conformance`].
 //!
 //! `raft::Storage` semantics follow raft-rs's own `MemStorage` where they
-//! overlap; where fencelock is stricter (staged writes invisible until
-//! persisted, compaction bounded by the latest state-machine snapshot,
-//! typed errors instead of panics) the cases say so.
+//! overlap (staged entries are readable at once, as there); where
+//! fencelock is stricter (durability reported per batch mark, no snapshot
+//! served while a newer one is being written, compaction bounded by the
+//! latest state-machine snapshot, typed errors instead of panics) the cases
+//! say so.
 
 use std::sync::Arc;
 
@@ -25,8 +27,12 @@ pub fn cases<F: EngineFactory>() -> Vec<Case<F>> {
         ("fresh_storage_is_empty", fresh_storage_is_empty::<F>),
         ("append_then_read_back", append_then_read_back::<F>),
         (
-            "staged_changes_are_invisible_until_persisted",
-            staged_changes_are_invisible_until_persisted::<F>,
+            "staged_entries_are_readable_at_once_and_durable_through_their_mark",
+            staged_entries_are_readable_at_once_and_durable_through_their_mark::<F>,
+        ),
+        (
+            "a_pending_snapshot_is_not_served_until_durable",
+            a_pending_snapshot_is_not_served_until_durable::<F>,
         ),
         (
             "append_truncates_conflicting_suffix",
@@ -216,42 +222,110 @@ fn append_then_read_back<F: EngineFactory>(f: &F) -> Result<()> {
     Ok(())
 }
 
-fn staged_changes_are_invisible_until_persisted<F: EngineFactory>(f: &F) -> Result<()> {
+fn staged_entries_are_readable_at_once_and_durable_through_their_mark<F: EngineFactory>(
+    f: &F,
+) -> Result<()> {
     let mut s = open(f, 1)?;
     persist(&mut s, |s, b| s.append(&ents(1..=2, 1), b))?;
-    let before = view(&s)?;
 
-    let mut batch = WriteBatch::new();
-    s.append(&ents(3..=5, 1), &mut batch)?;
-    s.set_hard_state(&hs(1, 1, 4), &mut batch)?;
+    // A batch handed to the disk: raft-rs reads its entries while the
+    // write is in flight (asynchronous writes).
+    let mut first = WriteBatch::new();
+    s.append(&ents(3..=5, 1), &mut first)?;
+    s.set_hard_state(&hs(1, 1, 4), &mut first)?;
+    let first_mark = s.staged_mark();
     assert!(s.has_staged());
     assert_eq!(s.staged_hard_state().commit, 4);
-    assert_eq!(view(&s)?, before, "staged, not written");
-    assert!(is_store_err(s.term(3), StorageError::Unavailable));
-
-    s.engine().write(&batch, true)?;
-    assert_eq!(view(&s)?, before, "written, but not reported persisted");
-
-    s.on_persisted();
-    assert!(!s.has_staged());
     assert_eq!(s.last_index()?, 5);
+    assert_eq!(s.term(4)?, 1);
+    assert_eq!(
+        index_terms(&read(&s, 1, 6, None)?),
+        vec![(1, 1), (2, 1), (3, 1), (4, 1), (5, 1)]
+    );
+    // What is durable has not moved.
+    assert_eq!(s.last(), (2, 1));
+    assert_eq!(s.hard_state().commit, 0);
+
+    // A second batch, staged while the first is in flight, overwrites 5.
+    let mut second = WriteBatch::new();
+    s.append(&ents(5..=6, 2), &mut second)?;
+    assert_eq!(
+        index_terms(&read(&s, 4, 7, None)?),
+        vec![(4, 1), (5, 2), (6, 2)]
+    );
+
+    // The first lands: durable through its mark, the second still pending.
+    s.engine().write(&first, true)?;
+    s.on_persisted_through(first_mark);
+    assert!(s.has_staged(), "the second batch is still pending");
+    assert_eq!(s.last(), (5, 1));
     assert_eq!(s.hard_state().commit, 4);
     assert_eq!(
-        index_terms(&read(&s, 3, 6, None)?),
-        vec![(3, 1), (4, 1), (5, 1)]
+        index_terms(&read(&s, 4, 7, None)?),
+        vec![(4, 1), (5, 2), (6, 2)],
+        "reads still see the second batch"
     );
+    // What a restart right now would find: the first batch only.
+    {
+        let restarted = ShardStorage::open(s.engine().clone(), 1)?;
+        assert_eq!(restarted.last(), (5, 1));
+        assert_eq!(restarted.term(5)?, 1);
+    }
+
+    s.engine().write(&second, true)?;
+    s.on_persisted_through(s.staged_mark());
+    assert!(!s.has_staged());
+    assert_eq!(s.last(), (6, 2));
 
     // An aborted stage leaves no trace, and staging can resume from the
     // durable state.
     let mut dropped = WriteBatch::new();
-    s.append(&ents(6..=9, 2), &mut dropped)?;
+    s.append(&ents(7..=9, 2), &mut dropped)?;
     s.abort_staged();
     assert!(!s.has_staged());
-    assert_eq!(s.staged_hard_state().commit, 4);
-    persist(&mut s, |s, b| s.append(&ents(6..=6, 3), b))?;
-    assert_eq!(s.last(), (6, 3));
+    assert_eq!(s.last_index()?, 6);
+    assert!(is_store_err(s.term(7), StorageError::Unavailable));
+    persist(&mut s, |s, b| s.append(&ents(7..=7, 3), b))?;
+    assert_eq!(s.last(), (7, 3));
     let s = reopen(f, s)?;
-    assert_eq!(s.last(), (6, 3));
+    assert_eq!(s.last(), (7, 3));
+    assert_eq!(
+        index_terms(&read(&s, 5, 8, None)?),
+        vec![(5, 2), (6, 2), (7, 3)]
+    );
+    Ok(())
+}
+
+fn a_pending_snapshot_is_not_served_until_durable<F: EngineFactory>(f: &F) -> Result<()> {
+    let mut s = open(f, 1)?;
+    persist(&mut s, |s, b| {
+        s.append(&ents(1..=4, 1), b)?;
+        s.set_hard_state(&hs(1, 1, 4), b)
+    })?;
+    persist(&mut s, |s, b| {
+        s.save_state_machine_snapshot(2, 1, &voters(&[1]), b"two", b)
+    })?;
+    assert_eq!(s.snapshot(0, 1)?.get_metadata().index, 2);
+
+    // A newer one in flight: the engine may hold half of each, so none is
+    // served until it lands, and then the new one.
+    let mut batch = WriteBatch::new();
+    s.save_state_machine_snapshot(4, 1, &voters(&[1]), b"four", &mut batch)?;
+    s.compact(3, &mut batch)?;
+    assert!(is_store_err(
+        s.snapshot(0, 1),
+        StorageError::SnapshotTemporarilyUnavailable
+    ));
+    assert_eq!(
+        s.take_snapshot_request(),
+        None,
+        "not a request for a new one"
+    );
+    s.engine().write(&batch, true)?;
+    s.on_persisted_through(s.staged_mark());
+    let snap = s.snapshot(0, 1)?;
+    assert_eq!(snap.get_metadata().index, 4);
+    assert_eq!(&snap.data[..], b"four");
     Ok(())
 }
 
@@ -720,7 +794,8 @@ fn several_rounds_staged_before_one_flush<F: EngineFactory>(f: &F) -> Result<()>
         other => panic!("term below a staged predecessor: {other:?}"),
     }
     assert!(scratch.is_empty());
-    assert_eq!(s.last_index()?, 0, "nothing visible yet");
+    assert_eq!(s.last_index()?, 6, "raft-rs reads the staged log");
+    assert_eq!(s.last(), (0, 0), "nothing durable yet");
 
     s.engine().write(&batch, true)?;
     s.on_persisted();
@@ -824,7 +899,10 @@ fn many_shards_share_one_synced_batch<F: EngineFactory>(f: &F) -> Result<()> {
             s.apply_snapshot(&snap, &mut batch)?;
         }
     }
-    assert!(shards.iter().all(|s| s.last_index().ok() == Some(0)));
+    assert!(
+        shards.iter().all(|s| s.last().0 == 0),
+        "nothing durable before the write"
+    );
     engine.write(&batch, true)?;
     for s in &mut shards {
         s.on_persisted();
