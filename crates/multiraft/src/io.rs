@@ -76,6 +76,9 @@ pub struct StoreIo {
     /// timeout is then exactly `election_ticks`, and the driver's own
     /// seeded tick timing spreads the elections instead. Production: false.
     pub fixed_election_timeout: bool,
+    /// How batches reach the disk: a writer thread in production
+    /// ([`crate::WriteMode`]).
+    pub write_mode: crate::WriteMode,
 }
 
 /// This node's wall clock, in ms since the Unix epoch.

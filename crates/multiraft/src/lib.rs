@@ -11,9 +11,12 @@
 //! 3. proposes each shard's queued commands as few Raft entries (up to
 //!    `max_commands_per_entry` commands each), stamped with the leader's time;
 //! 4. collects every shard's `Ready`, stages all of them into **one**
-//!    `WriteBatch` and writes it with one synced write (group commit);
-//! 5. sends messages, applies committed entries to the lock tables, answers
-//!    the requests whose entries applied, and advances the `RawNode`s.
+//!    `WriteBatch`, sends the leaders' appends, applies the entries already
+//!    committed (answering the requests whose entries applied) and advances
+//!    the `RawNode`s without waiting for the disk;
+//! 5. hands the batch to the writer thread when the previous one has
+//!    landed (one synced write for every shard: group commit); when it
+//!    lands, the acknowledgements and votes that needed it leave.
 //!
 //! Replies come from apply: a request is answered only after its entry was
 //! committed by a majority and applied. Waiting acquires stay registered
@@ -34,8 +37,10 @@
 //! * [`replica`] — one shard replica on this node and what the loop
 //!   publishes of it ([`ShardStatus`]).
 //! * [`propose`] — queued commands become few Raft entries.
-//! * [`ready`] — every shard's `Ready` staged into one batch, one synced
-//!   write, messages sent.
+//! * [`ready`] — every shard's `Ready` staged into one batch, messages
+//!   sent, committed entries applied; what a landed write releases.
+//! * [`write`] — the write path: one batch in flight at a time, on a
+//!   writer thread ([`WriteMode`]).
 //! * [`apply`] — committed entries applied, requests answered, waiters,
 //!   orphans and reads.
 //! * [`membership`] — bootstrap, creating and destroying replicas,
@@ -71,6 +76,7 @@ mod store;
 #[cfg(test)]
 mod tests;
 pub mod watch;
+mod write;
 
 pub use config::{RaftConfig, StoreConfig};
 pub use error::StoreError;
@@ -86,8 +92,9 @@ pub use payload::{
 };
 pub use replica::ShardStatus;
 #[cfg(feature = "simulation")]
-pub use sim::SimFault;
+pub use sim::{LeaderCommit, SimFault};
 pub use store::Store;
+pub use write::WriteMode;
 
 /// Requests and messages drained per loop iteration before proposing: bounds
 /// the latency one iteration adds while still batching under load.

@@ -70,8 +70,6 @@ pub struct StoreMetrics {
 
 impl StoreMetrics {
     pub fn flush(&mut self) {
-        // The iteration first: a scrape between two of these flushes then
-        // never shows more fsync time than iteration time.
         for h in [
             &self.iteration_seconds,
             &self.fsync_seconds,
@@ -127,7 +125,7 @@ impl StoreHandles {
         fsync_seconds: histogram(
             r,
             "fencelock_store_fsync_duration_seconds",
-            "Duration of the store loop's synced RocksDB write (one per loop iteration with Raft work).",
+            "Duration of one synced RocksDB write on the writer thread (group commit: every shard's staged Raft state; the loop keeps going meanwhile).",
             RAFT_BUCKETS_SECONDS,
         ),
         fsync_entries: histogram(
@@ -145,7 +143,7 @@ impl StoreHandles {
         iteration_seconds: histogram(
             r,
             "fencelock_store_iteration_duration_seconds",
-            "Busy time of one store-loop iteration (handle, propose, persist, apply, answer): every shard on the node waits for it.",
+            "Busy time of one store-loop iteration (handle, propose, stage, send, apply, answer; the synced write runs off the loop): every shard on the node waits for it.",
             RAFT_BUCKETS_SECONDS,
         ),
         snapshot_seconds: histogram(

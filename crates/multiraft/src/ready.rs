@@ -1,17 +1,19 @@
-//! Ready handling: every shard's `Ready` staged into one `WriteBatch`, the
-//! leaders' messages sent, one synced write (group commit), then the
-//! messages that need it durable sent and `RawNode`s advanced.
+//! Ready handling: every shard's `Ready` staged into the next batch, the
+//! leaders' messages sent and committed entries applied at once; the batch
+//! handed to the disk when the previous one has landed (see [`crate::write`]);
+//! on landing, the messages that needed it durable sent and raft-rs told.
 
 use std::collections::BTreeMap;
 
 use fencelock_storage::WriteBatch;
-use raft::prelude::Message;
+use raft::prelude::{Message, Snapshot};
 use raft::StateRole;
 
 use crate::apply::{apply_entries, serve_reads, u64_from_ctx};
 use crate::replica::{on_role_change, Peer};
 use crate::snapshot::{snapshot_wanted, take_snapshot};
 use crate::store::Store;
+use crate::write::{InFlight, StagedReady, WriteDone};
 use crate::{decode_state, observe, Envelope};
 
 /// Puts `msgs` in `outbox` by destination; returns how many are snapshots.
@@ -47,19 +49,21 @@ pub(crate) fn staged_or_die(shard_id: u64, what: &str, staged: fencelock_storage
 }
 
 impl Store {
-    /// Handles every shard's `Ready` with one synced write. Returns whether
-    /// any shard had one.
+    /// Stages every shard's `Ready` into the next batch, sends the leaders'
+    /// messages, applies the entries already committed and durable, and
+    /// advances each `RawNode` without waiting for the write
+    /// (`advance_append_async`): what needs the write durable waits in
+    /// [`Writes::staging`] until it lands ([`Store::on_write_landed`]).
+    /// Returns whether any shard had a ready.
     pub(crate) fn process_readies(&mut self) -> bool {
-        let mut batch = std::mem::take(&mut self.deferred);
-        let mut readies = Vec::new();
         let mut outbox: BTreeMap<u64, Vec<Envelope>> = BTreeMap::new();
-        let mut failed = false;
-        let mut entries_staged = 0u64;
+        let mut any = false;
         let mut snapshots_sent = 0u64;
         for (shard_id, peer) in self.peers.iter_mut() {
             if !peer.raw.has_ready() {
                 continue;
             }
+            any = true;
             let mut rd = peer.raw.ready();
             if let Some(ss) = rd.ss() {
                 let role = ss.raft_state;
@@ -68,34 +72,34 @@ impl Store {
                 }
                 on_role_change(peer, role);
             }
-            entries_staged += rd.entries().len() as u64;
+            self.writes.staging.entries += rd.entries().len() as u64;
             // What raft-rs may send before this ready is persisted: only a
             // leader's messages (appends, heartbeats, snapshots from saved
-            // state; Raft thesis 10.2.1). They leave before the synced
-            // write below, so followers write in parallel with the leader.
-            // A follower's or candidate's messages (acks, votes) are
-            // `persisted_messages`, sent after the write.
+            // state; Raft thesis 10.2.1). They leave now, so followers
+            // write in parallel with the leader. A follower's or
+            // candidate's messages (acks, votes) are `persisted_messages`,
+            // sent once the write holding this ready has landed.
             snapshots_sent += queue_messages(&mut outbox, *shard_id, rd.take_messages());
             #[cfg(feature = "simulation")]
             if self.sim_fault == Some(crate::SimFault::AckBeforePersist) {
                 snapshots_sent +=
                     queue_messages(&mut outbox, *shard_id, rd.take_persisted_messages());
             }
+            let batch = &mut self.deferred;
             let store = peer.raw.mut_store();
-            let mut snapshot_data = None;
+            let mut snapshot = None;
             if !rd.snapshot().is_empty() {
-                if store.apply_snapshot(rd.snapshot(), &mut batch).is_err() {
-                    failed = true;
-                }
-                snapshot_data = Some(rd.snapshot().clone());
+                let staged = store.apply_snapshot(rd.snapshot(), batch);
+                staged_or_die(*shard_id, "a received snapshot", staged);
+                snapshot = Some(rd.snapshot().clone());
             }
-            if !rd.entries().is_empty() && store.append(rd.entries(), &mut batch).is_err() {
-                failed = true;
+            if !rd.entries().is_empty() {
+                let staged = store.append(rd.entries(), batch);
+                staged_or_die(*shard_id, "log entries", staged);
             }
             if let Some(hs) = rd.hs() {
-                if store.set_hard_state(hs, &mut batch).is_err() {
-                    failed = true;
-                }
+                let staged = store.set_hard_state(hs, batch);
+                staged_or_die(*shard_id, "the hard state", staged);
             }
             for rs in rd.take_read_states() {
                 let id = u64_from_ctx(&rs.request_ctx);
@@ -103,178 +107,150 @@ impl Store {
                     r.index = Some(rs.index);
                 }
             }
-            readies.push((*shard_id, rd, snapshot_data, self.time.now()));
-        }
-        if readies.is_empty() {
-            if !batch.is_empty() {
-                self.write_or_die(&batch, false);
-                self.mark_persisted();
-            }
-            return false;
-        }
-        if failed {
-            // Staging refused something raft-rs handed us: the node cannot
-            // continue safely. Crash rather than guess; restart recovers
-            // from the durable state.
-            panic!("fencelock: staging a Raft ready failed; stopping the node");
-        }
-        // Send before persist: the leaders' messages go out now, so the
-        // followers' fsyncs overlap this node's instead of following it. A
-        // leader counts its own copy towards a majority only once this
-        // write returns (raft-rs updates its own progress at `advance`),
-        // so nothing commits on an entry the leader may still lose unless
-        // a majority of followers has it durable (docs/safety.md,
-        // "Sending before persisting").
-        self.send_outbox(std::mem::take(&mut outbox));
-        let synced_at = self.time.now();
-        // Failpoints (feature `failpoints`, docs/testing.md): a slow disk on
-        // a leader, and a crash (abort: no unwinding, like SIGKILL) with
-        // entries durable, the leaders' appends sent, and nothing applied,
-        // answered or acknowledged.
-        if self.peers.values().any(Peer::is_leader) {
-            fail::fail_point!("store::leader_sync");
-        }
-        self.write_or_die(&batch, true);
-        // Every shard whose staging was in the batch sees it now, not only
-        // the shards with a ready: the deferred part carries the snapshot
-        // saves and compactions of shards that may be idle this time, and
-        // raft-rs may read their storage before their next ready.
-        self.mark_persisted();
-        fail::fail_point!("store::after_persist", |_| std::process::abort());
-        let m = &mut self.obs.metrics;
-        m.fsync_seconds.observe(
-            self.time
-                .now()
-                .saturating_duration_since(synced_at)
-                .as_secs_f64(),
-        );
-        m.fsync_entries.observe(entries_staged as f64);
-        m.fsync_commands
-            .observe(std::mem::take(&mut m.commands_since_sync) as f64);
-        for (shard_id, mut rd, snapshot, committed_at) in readies {
-            let peer = self.peers.get_mut(&shard_id).expect("listed");
+            self.writes.staging.must_sync |= rd.must_sync();
+            let committed = rd.take_committed_entries();
+            self.writes.staging.readies.push(StagedReady {
+                shard_id: *shard_id,
+                number: rd.number(),
+                persisted_messages: rd.take_persisted_messages(),
+                snapshot,
+            });
+            peer.raw.advance_append_async(rd);
+            // raft-rs hands over only entries both committed and durable
+            // here, so they apply now, whatever write is still in flight.
             let mut obs = observe::ApplyObs {
                 metrics: &mut self.obs.metrics,
                 audit: &self.obs.audit,
                 clock: self.time.as_ref(),
-                committed_at,
+                committed_at: self.time.now(),
                 #[cfg(feature = "simulation")]
                 sim_fault: self.sim_fault,
             };
-            if let Some(snap) = snapshot {
-                fail::fail_point!("store::snapshot_install", |_| std::process::abort());
-                match decode_state(snap.get_data()) {
-                    Ok((table, placement)) => {
-                        peer.table = table;
-                        // The entries the snapshot stands for were never
-                        // applied here one by one: whose clock their
-                        // stamps came from, and when, is unknown.
-                        peer.last_stamp = None;
-                        peer.watch.restart(&peer.table);
-                        peer.placement = placement;
-                        peer.applied_index = snap.get_metadata().index;
-                        peer.applied_term = snap.get_metadata().term;
-                        peer.last_snapshot_index = peer.applied_index;
-                        peer.last_snapshot_bytes = snap.get_data().len() as u64;
-                        peer.snapshots_installed += 1;
-                        obs.metrics.snapshots_installed.inc();
-                    }
-                    Err(e) => {
-                        panic!(
-                            "fencelock: shard {shard_id} received a snapshot it cannot read: {e}. {}",
-                            crate::apply::UNREADABLE_FORMAT
-                        )
-                    }
-                }
-            }
-            snapshots_sent += queue_messages(&mut outbox, shard_id, rd.take_persisted_messages());
-            apply_entries(
+            apply_entries(peer, committed, &mut self.deferred, &mut obs);
+            after_apply(
                 peer,
-                rd.take_committed_entries(),
+                self.config.raft.snapshot_interval_entries,
                 &mut self.deferred,
                 &mut obs,
             );
-            let mut light = peer.raw.advance(rd);
-            if let Some(commit) = light.commit_index() {
-                let staged = peer
-                    .raw
-                    .mut_store()
-                    .set_commit_index(commit, &mut self.deferred);
-                staged_or_die(shard_id, "the commit index", staged);
+        }
+        self.obs.metrics.snapshots_sent.inc_by(snapshots_sent);
+        self.send_outbox(outbox);
+        any
+    }
+
+    /// Hands the staged batch to the disk if none is in flight and there
+    /// is anything to write or to wait for. Returns whether it did.
+    pub(crate) fn hand_over_write(&mut self) -> bool {
+        if self.writes.in_flight.is_some()
+            || (self.deferred.is_empty() && self.writes.staging.readies.is_empty())
+        {
+            return false;
+        }
+        // Every shard's mark: deferred writes of shards without a ready
+        // (a snapshot save, a compaction) are in this batch too, and
+        // raft-rs may read their storage before their next ready.
+        let marks = (self.peers.iter())
+            .filter(|(_, p)| p.raw.store().has_staged())
+            .map(|(id, p)| (*id, p.raw.store().staged_mark()))
+            .collect();
+        let staging = std::mem::take(&mut self.writes.staging);
+        let batch = std::mem::take(&mut self.deferred);
+        let sync = staging.must_sync;
+        let leading = self.peers.values().any(Peer::is_leader);
+        let commands = std::mem::take(&mut self.obs.metrics.commands_since_sync);
+        // In flight before it is handed over: an empty batch lands at once.
+        self.writes.in_flight = Some(InFlight {
+            seq: self.writes.next_seq(),
+            marks,
+            readies: staging.readies,
+            entries: staging.entries,
+            commands,
+        });
+        self.writes.hand_over(batch, sync, leading);
+        true
+    }
+
+    /// Handles every write that has landed. Returns whether any had.
+    pub(crate) fn collect_writes(&mut self) -> bool {
+        let mut any = false;
+        while let Ok(done) = self.writes.done_rx.try_recv() {
+            self.on_write_landed(done);
+            any = true;
+        }
+        any
+    }
+
+    /// A write landed: each shard's storage is durable through its mark,
+    /// received snapshots are installed, the messages that waited for it
+    /// leave, and raft-rs learns which readies are persisted.
+    pub(crate) fn on_write_landed(&mut self, done: WriteDone) {
+        let Some(in_flight) = self.writes.in_flight.take() else {
+            panic!("fencelock: write {} landed with none in flight", done.seq);
+        };
+        // Pair assertion: batches land in the order they were handed over,
+        // one at a time.
+        assert_eq!(done.seq, in_flight.seq, "writes land in order");
+        if let Err(e) = done.result {
+            // A failed fsync leaves the disk in an unknown state: the only
+            // safe reaction is to stop (the PostgreSQL fsync lesson).
+            panic!("fencelock: RocksDB write failed: {e}");
+        }
+        // Failpoint (feature `failpoints`, docs/testing.md): a crash (abort:
+        // no unwinding, like SIGKILL) with the batch durable, the leaders'
+        // appends sent, and nothing that waited for it done.
+        if done.sync {
+            fail::fail_point!("store::after_persist", |_| std::process::abort());
+        }
+        let m = &mut self.obs.metrics;
+        if done.sync {
+            m.fsync_seconds.observe(done.took.as_secs_f64());
+            m.fsync_entries.observe(in_flight.entries as f64);
+            m.fsync_commands.observe(in_flight.commands as f64);
+        }
+        for (shard_id, mark) in &in_flight.marks {
+            if let Some(peer) = self.peers.get_mut(shard_id) {
+                peer.raw.mut_store().on_persisted_through(*mark);
             }
-            snapshots_sent += queue_messages(&mut outbox, shard_id, light.take_messages());
-            // Entries the light ready commits were learned just now.
-            obs.committed_at = self.time.now();
-            apply_entries(
-                peer,
-                light.take_committed_entries(),
-                &mut self.deferred,
-                &mut obs,
-            );
-            peer.raw.advance_apply();
-            // Informational on disk (restart replays from the snapshot), but
-            // it tells operators and tools how far each replica had applied.
-            let applied = peer.applied_index;
-            if applied > peer.raw.store().applied_index() {
-                let staged = peer
-                    .raw
-                    .mut_store()
-                    .set_applied_index(applied, &mut self.deferred);
-                staged_or_die(shard_id, "the applied index", staged);
+        }
+        let mut outbox: BTreeMap<u64, Vec<Envelope>> = BTreeMap::new();
+        let mut snapshots_sent = 0u64;
+        for ready in in_flight.readies {
+            let Some(peer) = self.peers.get_mut(&ready.shard_id) else {
+                continue;
+            };
+            if let Some(snap) = ready.snapshot {
+                install_snapshot(peer, &snap, &mut self.obs.metrics);
             }
-            serve_reads(peer);
-            // raft-rs asked for a snapshot newer than the saved one (a
-            // replica was added since): take one at the applied index.
-            let requested = peer.raw.store().take_snapshot_request();
-            let force = requested.is_some_and(|i| peer.applied_index >= i);
-            if requested.is_some() && !force {
-                // Not applied that far yet: ask again next time.
-                peer.raw.store().request_snapshot(requested.unwrap_or(0));
-            }
-            let interval = self.config.raft.snapshot_interval_entries;
-            if snapshot_wanted(peer, interval, force) {
-                // Timed only when taken: this runs per shard per iteration.
-                let started = self.time.now();
-                take_snapshot(peer, interval, &mut self.deferred);
-                obs.metrics.snapshots_taken.inc();
-                obs.metrics.snapshot_seconds.observe(
-                    self.time
-                        .now()
-                        .saturating_duration_since(started)
-                        .as_secs_f64(),
-                );
+            snapshots_sent += queue_messages(&mut outbox, ready.shard_id, ready.persisted_messages);
+            peer.raw.on_persist_ready(ready.number);
+            // A snapshot's index is applied once raft-rs knows it durable.
+            if peer.applied_index > peer.raw.raft.raft_log.applied {
+                peer.raw.advance_apply_to(peer.applied_index);
             }
         }
         self.obs.metrics.snapshots_sent.inc_by(snapshots_sent);
         self.send_outbox(outbox);
-        true
     }
 
-    /// Makes every shard's staged writes visible to its raft-rs storage:
-    /// call right after writing the batch that holds them. Every write the
-    /// store stages goes into [`Store::deferred`] or into the batch that
-    /// starts from it (a replica's creation and destruction write their own
-    /// batch at once), so after that batch is written nothing staged
-    /// anywhere is still unwritten. A shard left out would keep a view that
-    /// contradicts the disk (entries compacted away, snapshot metadata
-    /// replaced) until its next ready, and raft-rs fails on such a read.
-    pub(crate) fn mark_persisted(&mut self) {
-        for peer in self.peers.values_mut() {
-            let store = peer.raw.mut_store();
-            if store.has_staged() {
-                store.on_persisted();
+    /// Writes everything staged and waits for it: before a replica's
+    /// deletion and at a clean stop, so that nothing staged is written
+    /// after them.
+    pub(crate) fn flush_deferred(&mut self) {
+        loop {
+            if let Some(done) = self.writes.wait() {
+                self.on_write_landed(done);
+                continue;
+            }
+            // Synced: a deletion or a stop must not be undone by a crash
+            // that keeps it but loses what came before.
+            self.writes.staging.must_sync = true;
+            if !self.hand_over_write() {
+                // Anything the loop queued itself (an empty batch) too.
+                self.collect_writes();
+                return;
             }
         }
-    }
-
-    /// Writes the deferred batch now (unsynced, like at the end of an
-    /// iteration) and makes it visible.
-    pub(crate) fn flush_deferred(&mut self) {
-        let deferred = std::mem::take(&mut self.deferred);
-        if !deferred.is_empty() {
-            self.write_or_die(&deferred, false);
-        }
-        self.mark_persisted();
     }
 
     pub(crate) fn write_or_die(&self, batch: &WriteBatch, sync: bool) {
@@ -288,6 +264,77 @@ impl Store {
     pub(crate) fn send_outbox(&self, outbox: BTreeMap<u64, Vec<Envelope>>) {
         for (to, envelopes) in outbox {
             self.transport.send(to, envelopes);
+        }
+    }
+}
+
+/// After an apply pass: raft-rs learns the applied index, the applied
+/// index is staged (informational on disk: a restart replays from the
+/// snapshot, but it tells operators and tools how far each replica had
+/// applied), reads are served, and a snapshot is taken when due.
+fn after_apply(
+    peer: &mut Peer,
+    interval: u64,
+    batch: &mut WriteBatch,
+    obs: &mut observe::ApplyObs<'_>,
+) {
+    if peer.applied_index > peer.raw.raft.raft_log.applied {
+        peer.raw.advance_apply_to(peer.applied_index);
+    }
+    let applied = peer.applied_index;
+    if applied > peer.raw.store().applied_index() {
+        let staged = peer.raw.mut_store().set_applied_index(applied, batch);
+        staged_or_die(peer.shard_id, "the applied index", staged);
+    }
+    serve_reads(peer);
+    // raft-rs asked for a snapshot newer than the saved one (a replica was
+    // added since): take one at the applied index.
+    let requested = peer.raw.store().take_snapshot_request();
+    let force = requested.is_some_and(|i| peer.applied_index >= i);
+    if requested.is_some() && !force {
+        // Not applied that far yet: ask again next time.
+        peer.raw.store().request_snapshot(requested.unwrap_or(0));
+    }
+    if snapshot_wanted(peer, interval, force) {
+        // Timed only when taken: this runs per shard per iteration.
+        let started = obs.clock.now();
+        take_snapshot(peer, interval, batch);
+        obs.metrics.snapshots_taken.inc();
+        obs.metrics.snapshot_seconds.observe(
+            obs.clock
+                .now()
+                .saturating_duration_since(started)
+                .as_secs_f64(),
+        );
+    }
+}
+
+/// Replaces the replica's table with a received snapshot's, once the
+/// snapshot is durable here.
+fn install_snapshot(peer: &mut Peer, snap: &Snapshot, metrics: &mut crate::metrics::StoreMetrics) {
+    fail::fail_point!("store::snapshot_install", |_| std::process::abort());
+    match decode_state(snap.get_data()) {
+        Ok((table, placement)) => {
+            peer.table = table;
+            // The entries the snapshot stands for were never applied here
+            // one by one: whose clock their stamps came from, and when, is
+            // unknown.
+            peer.last_stamp = None;
+            peer.watch.restart(&peer.table);
+            peer.placement = placement;
+            peer.applied_index = snap.get_metadata().index;
+            peer.applied_term = snap.get_metadata().term;
+            peer.last_snapshot_index = peer.applied_index;
+            peer.last_snapshot_bytes = snap.get_data().len() as u64;
+            peer.snapshots_installed += 1;
+            metrics.snapshots_installed.inc();
+        }
+        Err(e) => {
+            panic!(
+                "fencelock: shard {} received a snapshot it cannot read: {e}. {}",
+                peer.shard_id,
+                crate::apply::UNREADABLE_FORMAT
+            )
         }
     }
 }

@@ -61,9 +61,52 @@ pub(crate) fn without_queue_grants(events: &[Event]) -> Vec<Event> {
         .collect()
 }
 
+/// A shard this node leads, with what a client may have been answered
+/// for: every entry up to `commit_index` may have been applied and
+/// acknowledged.
+#[derive(Clone, Debug)]
+pub struct LeaderCommit {
+    pub shard_id: u64,
+    pub commit_index: u64,
+    /// The committed entry as this leader's log has it (staged or durable),
+    /// encoded as on disk; `None` once compacted.
+    pub entry: Option<Vec<u8>>,
+    pub voters: Vec<u64>,
+}
+
 impl Store {
     /// Arms `fault` in this store (until it is dropped).
     pub fn inject_fault(&mut self, fault: SimFault) {
         self.sim_fault = Some(fault);
+    }
+
+    /// Every shard this node leads and its commit index right now (not as
+    /// of the last published status): what the simulation's durability
+    /// property checks after every step.
+    pub fn leader_commits(&self) -> Vec<LeaderCommit> {
+        use protobuf::Message as _;
+        use raft::{GetEntriesContext, Storage as _};
+        (self.peers.values())
+            .filter(|p| p.is_leader())
+            .map(|p| {
+                let commit_index = p.raw.raft.raft_log.committed;
+                let entry = (p.raw.store())
+                    .entries(
+                        commit_index,
+                        commit_index + 1,
+                        None,
+                        GetEntriesContext::empty(false),
+                    )
+                    .ok()
+                    .and_then(|e| e.first().and_then(|e| e.write_to_bytes().ok()));
+                LeaderCommit {
+                    shard_id: p.shard_id,
+                    commit_index,
+                    entry,
+                    voters: p.raw.raft.prs().conf().to_conf_state().voters,
+                }
+            })
+            .filter(|c| c.commit_index > 0)
+            .collect()
     }
 }

@@ -24,6 +24,11 @@ use crate::{
     HOT_REPORTED_PER_SHARD, MAX_MSGS_PER_ITERATION,
 };
 
+/// Rounds of one [`Store::step`] (collect landed writes, propose, stage
+/// readies, hand the batch over) before it returns: enough for a write
+/// written inline to land, commit and apply within the step.
+const MAX_ROUNDS_PER_STEP: usize = 6;
+
 pub struct Store {
     pub(crate) node_id: u64,
     pub(crate) router: Arc<Router>,
@@ -38,9 +43,12 @@ pub struct Store {
     pub(crate) inbox: Receiver<StoreMsg>,
     pub(crate) next_id: u64,
     pub(crate) status: Arc<std::sync::Mutex<Vec<ShardStatus>>>,
-    /// Deferred, unsynced writes (commit index, applied snapshots): flushed
-    /// with the next synced batch, or at the end of the iteration.
+    /// The next batch: every shard's staged `Ready` and the deferred writes
+    /// (applied index, snapshots, compactions), handed to the disk when the
+    /// batch in flight has landed.
     pub(crate) deferred: WriteBatch,
+    /// The write path: what is in flight and what waits for it.
+    pub(crate) writes: crate::write::Writes,
     /// Metrics (thread-local, flushed per tick) and the audit sink.
     pub(crate) obs: Observers,
     /// A deliberate bug, armed only by the simulation's broken-variant test.
@@ -65,6 +73,7 @@ impl Store {
             sink,
             clock: Arc::new(SystemClock),
             fixed_election_timeout: false,
+            write_mode: crate::WriteMode::Thread,
         };
         Store::open_with(config, io, inbox, status, router, obs)
     }
@@ -86,6 +95,7 @@ impl Store {
             sink,
             clock,
             fixed_election_timeout,
+            write_mode,
         } = io;
         // Every node a newer map names gets a link, however this node
         // learned the map (its meta replica, an admin action's answer, a
@@ -155,7 +165,9 @@ impl Store {
                 st.on_persisted();
             }
         }
+        let writes = crate::write::Writes::new(write_mode, engine.clone(), node_id);
         let mut store = Store {
+            writes,
             node_id,
             router,
             config,
@@ -193,12 +205,19 @@ impl Store {
         let mut last_step_end = std::time::Instant::now();
         loop {
             let mut ticked = false;
+            let landed = self.writes.done_rx.clone();
             crossbeam_channel::select! {
                 recv(self.inbox) -> msg => match msg {
                     Ok(StoreMsg::Shutdown) | Err(_) => break,
                     Ok(msg) => msgs.push(msg),
                 },
                 recv(ticker) -> _ => ticked = true,
+                // A write landed: its acknowledgements leave and the next
+                // batch goes to the disk (handled in `step`).
+                recv(landed) -> done => match done {
+                    Ok(done) => self.on_write_landed(done),
+                    Err(_) => panic!("fencelock: the writer thread is gone; stopping the node"),
+                },
             }
             let mut stop = false;
             // Group commit: an iteration that starts moments after the
@@ -207,8 +226,10 @@ impl Store {
             // window since that write has passed, so each fsync carries
             // the requests and peer appends of the whole window. An idle
             // node is past the window already and does not wait.
-            // A tick is due now: take what is queued without waiting.
-            let deadline = if ticked {
+            // A tick is due now, or a write is in flight (what comes now
+            // rides the next batch anyway): take what is queued without
+            // waiting.
+            let deadline = if ticked || self.writes.in_flight.is_some() {
                 std::time::Instant::now()
             } else {
                 last_step_end + window
@@ -246,11 +267,25 @@ impl Store {
         if tick {
             self.on_tick();
         }
-        // Two rounds: a round can make a shard leader (it then proposes
-        // its LeaderChanged entry) or produce follow-up work.
-        for _ in 0..2 {
+        // Rounds until nothing moves (bounded): a landed write lets raft-rs
+        // commit and hands the next batch to the disk; a round can make a
+        // shard leader (it then proposes its LeaderChanged entry).
+        for _ in 0..MAX_ROUNDS_PER_STEP {
+            let landed = self.collect_writes();
+            // Back-pressure: a slow disk stops the loop here rather than
+            // let the next batch grow without bound; its inbox fills and
+            // callers are refused SERVER_BUSY.
+            if self.writes.in_flight.is_some()
+                && self.deferred.size_bytes() > crate::write::MAX_STAGED_WRITE_BYTES
+            {
+                if let Some(done) = self.writes.wait() {
+                    self.on_write_landed(done);
+                }
+            }
             self.flush_proposals();
-            if !self.process_readies() {
+            let readied = self.process_readies();
+            let handed = self.hand_over_write();
+            if !landed && !readied && !handed {
                 break;
             }
         }
@@ -274,12 +309,22 @@ impl Store {
     /// waiting is told the node is shutting down. (Dropping a `Store`
     /// without this is what a crash looks like.)
     pub fn close(mut self) {
-        let deferred = std::mem::take(&mut self.deferred);
-        if !deferred.is_empty() {
-            self.write_or_die(&deferred, true);
-        }
+        self.flush_deferred();
         self.obs.metrics.flush();
         self.fail_everything(|_| StoreError::ShuttingDown);
+    }
+
+    /// Whether a batch waits for the driver's [`Store::complete_write`]
+    /// ([`crate::WriteMode::Driven`]).
+    pub fn write_pending(&self) -> bool {
+        self.writes.held.is_some()
+    }
+
+    /// Writes the batch the driver held back ([`crate::WriteMode::Driven`]);
+    /// the next [`Store::step`] handles its landing. Returns whether there
+    /// was one.
+    pub fn complete_write(&mut self) -> bool {
+        self.writes.complete_held()
     }
 
     /// The node this store runs on.

@@ -122,6 +122,7 @@ impl OneNode {
             sink: Arc::new(NullSink),
             clock: clock.clone(),
             fixed_election_timeout: true,
+            write_mode: WriteMode::Inline,
         };
         let (_tx, inbox) = crossbeam_channel::unbounded();
         let router = Arc::new(Router::new(config.peer_map()));
@@ -194,8 +195,8 @@ fn with_refusal(what: &'static str, f: impl FnOnce()) -> Option<String> {
 }
 
 #[test]
-fn a_refused_commit_or_applied_index_stops_the_node() {
-    for what in ["the commit index", "the applied index"] {
+fn a_refused_hard_state_entries_or_applied_index_stops_the_node() {
+    for what in ["the hard state", "log entries", "the applied index"] {
         let mut node = OneNode::start();
         let panic = with_refusal(what, || node.propose_entry());
         let message = panic.unwrap_or_else(|| panic!("refusing {what} did not stop the node"));
@@ -307,13 +308,19 @@ fn a_learner_is_sent_the_snapshot_a_ready_less_iteration_wrote() {
     let before = node.data().last_snapshot_index;
     for _ in 0..20 {
         node.store.handle(OneNode::entry());
+        node.store.collect_writes();
         node.store.flush_proposals();
         assert!(node.store.process_readies(), "the entry made a ready");
         if node.data().last_snapshot_index > before {
             break;
         }
-        // Not yet: the rest of that iteration writes what it staged.
-        node.store.process_readies();
+        // Not yet: the rest of that iteration writes what it staged and
+        // handles the landing.
+        for _ in 0..4 {
+            node.store.hand_over_write();
+            node.store.collect_writes();
+            node.store.process_readies();
+        }
     }
     let taken = node.data().last_snapshot_index;
     assert!(taken > before, "a snapshot was staged");

@@ -173,21 +173,17 @@ async fn metrics_count_requests_commits_fsyncs_and_locks_per_shard_without_resou
         ) > 0.0
     );
     assert!(sum(&samples, "fencelock_store_fsync_entries_sum", &[]) > 0.0);
-    // Each synced write happens inside a store-loop iteration, and both are
-    // flushed at the same tick: the loop's busy time covers the fsyncs'.
+    // Every node measures its loop's iterations and its writer's synced
+    // writes (the fsyncs run on the writer thread, off the loop: the
+    // loop's busy time does not include them).
     for id in cluster.nodes.keys() {
         let node = scrape(&cluster, *id).await;
-        let busy = sum(&node, "fencelock_store_iteration_duration_seconds_sum", &[]);
-        let synced = sum(&node, "fencelock_store_fsync_duration_seconds_sum", &[]);
-        assert!(
-            sum(
-                &node,
-                "fencelock_store_iteration_duration_seconds_count",
-                &[]
-            ) > 0.0,
-            "node {id}: no iteration measured"
-        );
-        assert!(busy >= synced, "node {id}: busy {busy}s < fsync {synced}s");
+        for metric in [
+            "fencelock_store_iteration_duration_seconds_count",
+            "fencelock_store_fsync_duration_seconds_count",
+        ] {
+            assert!(sum(&node, metric, &[]) > 0.0, "node {id}: no {metric}");
+        }
     }
     assert!(sum(&samples, "fencelock_store_fsync_commands_sum", &[]) >= 26.0);
     assert!(

@@ -35,6 +35,7 @@ pub(super) fn run_next(world: &mut World) {
         Some(Ev::Tick { node, generation }) => world.tick(node, generation),
         Some(Ev::Restart { node }) => world.start(node),
         Some(Ev::Heal { links }) => world.heal(links),
+        Some(Ev::WriteLands { node, generation }) => world.land_write(node, generation),
         Some(Ev::Request { node, msg }) => world.step(node, vec![*msg], false),
         Some(Ev::ClientWake { .. } | Ev::Nemesis | Ev::HealAll) | None => {}
     }

@@ -322,6 +322,7 @@ pub fn run(options: &SimOptions) -> SimRun {
             Ev::Tick { node, generation } => world.tick(node, generation),
             Ev::Restart { node } => world.start(node),
             Ev::Heal { links } => world.heal(links),
+            Ev::WriteLands { node, generation } => world.land_write(node, generation),
             Ev::ClientWake { client } => clients.on_wake(&mut world, client),
             Ev::Nemesis => {
                 if !healed {

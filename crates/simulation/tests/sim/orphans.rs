@@ -50,6 +50,7 @@ fn drive(world: &mut World, ms: u64, hold: Option<u64>) -> Option<(u64, u64)> {
             Some(Ev::Tick { node, generation }) => world.tick(node, generation),
             Some(Ev::Restart { node }) => world.start(node),
             Some(Ev::Heal { links }) => world.heal(links),
+            Some(Ev::WriteLands { node, generation }) => world.land_write(node, generation),
             Some(Ev::Request { node, msg }) => world.step(node, vec![*msg], false),
             Some(Ev::ClientWake { .. } | Ev::Nemesis | Ev::HealAll) | None => {}
         }

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use fencelock_multiraft::audit::AuditLog;
 use fencelock_multiraft::metrics::StoreHandles;
 use fencelock_multiraft::{
-    Clock, Observers, PeerSink, ShardStatus, SimFault, Store, StoreIo, StoreMsg,
+    Clock, Observers, PeerSink, ShardStatus, SimFault, Store, StoreIo, StoreMsg, WriteMode,
 };
 use fencelock_multiraft::{Envelope, StoreConfig};
 use fencelock_nemesis::check::Verdict;
@@ -51,6 +51,12 @@ const LONG_DELAY_MS: (u64, u64) = (30, 400);
 const DROP_PER_MILLE: u32 = 15;
 const DUPLICATE_PER_MILLE: u32 = 15;
 const LONG_DELAY_PER_MILLE: u32 = 30;
+/// How long a node's write takes to land, ms (the store hands its batch to
+/// the disk and goes on stepping meanwhile): usually a fast disk...
+const WRITE_MS: (u64, u64) = (0, 4);
+/// ...and sometimes a stalled one, per mille of writes.
+const SLOW_WRITE_MS: (u64, u64) = (20, 250);
+const SLOW_WRITE_PER_MILLE: u32 = 50;
 /// Applied entries between snapshots: low, so log compaction and snapshot
 /// catch-up of a restarted node happen within a run.
 const SNAPSHOT_INTERVAL_ENTRIES: u64 = 100;
@@ -189,6 +195,8 @@ pub struct Node {
     /// Requests handed to the store's next step, whatever step that is
     /// ([`World::hand_to_next_step`]).
     next_step: Vec<StoreMsg>,
+    /// The landing of the store's write in flight is scheduled.
+    write_scheduled: bool,
 }
 
 /// What happens at a point of simulated time.
@@ -221,6 +229,12 @@ pub enum Ev {
     Nemesis,
     /// The end of the fault phase: every fault healed.
     HealAll,
+    /// The write a node's store handed to its disk lands (in this
+    /// incarnation of the node only).
+    WriteLands {
+        node: u64,
+        generation: u64,
+    },
 }
 
 pub struct World {
@@ -262,6 +276,9 @@ pub struct Stats {
     pub lost_unsynced_writes: u64,
     pub partitions: u64,
     pub transfers: u64,
+    /// Batches handed to a disk, and how many of them landed slowly.
+    pub writes: u64,
+    pub slow_writes: u64,
 }
 
 fn node_config(id: u64) -> StoreConfig {
@@ -340,6 +357,7 @@ impl World {
                 store: None,
                 generation: 0,
                 next_step: Vec::new(),
+                write_scheduled: false,
             });
             world.start(id);
         }
@@ -413,6 +431,7 @@ impl World {
             sink: node.sink.clone(),
             clock: node.clock.clone(),
             fixed_election_timeout: true,
+            write_mode: WriteMode::Driven,
         };
         // The inbox is unused: the world hands messages to `step` itself.
         let (_tx, inbox) = crossbeam_channel::unbounded();
@@ -438,6 +457,7 @@ impl World {
         }
         node.store = Some(store);
         node.generation += 1;
+        node.write_scheduled = false;
         let generation = node.generation;
         let first = self.rng.random_range(1..=TICK_MS);
         self.schedule(
@@ -487,34 +507,26 @@ impl World {
     /// applies it or answers a client from it — before a majority of the
     /// shard's voters has it durable: their synced state holds that very
     /// entry, or a log compacted past it (applied, so the same entry).
-    /// With send-before-persist the majority may be the followers without
-    /// the leader. Checked at each of node `id`'s ticks, against the
-    /// commit index it publishes then.
+    /// With send-before-persist and the asynchronous write path the
+    /// majority may be the followers without the leader (whose own write
+    /// may land later). Checked after every step of node `id`, against
+    /// its commit index right then (`Store::leader_commits`).
     fn check_commits_are_durable_on_a_majority(&mut self, id: u64) {
         let mut checked = 0;
         let mut problems = Vec::new();
         let node = &self.nodes[(id - 1) as usize];
-        if node.store.is_none() {
+        let Some(store) = node.store.as_ref() else {
             return;
-        }
-        let statuses = match node.status.lock() {
-            Ok(s) => s.clone(),
-            Err(_) => return,
         };
-        for st in statuses
-            .iter()
-            .filter(|s| s.is_leader && s.commit_index > 0)
-        {
-            let key = keys::log_key(st.shard_id, st.commit_index);
-            let Ok(Some(entry)) = node.engine.inner.get(Cf::Raft, &key) else {
+        for commit in store.leader_commits() {
+            let Some(entry) = commit.entry else {
                 // Compacted on the leader itself: applied long ago.
                 continue;
             };
-            let after = keys::log_key(st.shard_id, st.commit_index + 1);
-            let end = keys::log_key(st.shard_id, u64::MAX);
-            let durable = st
-                .voters
-                .iter()
+            let key = keys::log_key(commit.shard_id, commit.commit_index);
+            let after = keys::log_key(commit.shard_id, commit.commit_index + 1);
+            let end = keys::log_key(commit.shard_id, u64::MAX);
+            let durable = (commit.voters.iter())
                 .filter(|v| {
                     let disk = &self.nodes[(**v - 1) as usize].engine.inner;
                     match disk.durable_get(Cf::Raft, &key) {
@@ -527,10 +539,10 @@ impl World {
                 })
                 .count();
             checked += 1;
-            if durable * 2 <= st.voters.len() {
+            if durable * 2 <= commit.voters.len() {
                 problems.push(format!(
                     "at {} ms node {id} leads shard {} with commit index {} durable on only {durable} of voters {:?}",
-                    self.now_ms, st.shard_id, st.commit_index, st.voters
+                    self.now_ms, commit.shard_id, commit.commit_index, commit.voters
                 ));
             }
         }
@@ -603,6 +615,52 @@ impl World {
             return;
         }
         self.route_from(id);
+        self.schedule_write(id);
+        // After every step, not only at ticks: an answer leaves in the step
+        // that applied its entry, and nothing past the commit index applies.
+        self.check_commits_are_durable_on_a_majority(id);
+    }
+
+    /// Schedules the landing of the batch node `id`'s store handed to its
+    /// disk, at a random later time: writes land in their own time, while
+    /// the stores go on stepping, and in any order across nodes.
+    fn schedule_write(&mut self, id: u64) {
+        let node = self.node(id);
+        let pending = node.store.as_ref().is_some_and(Store::write_pending);
+        if !pending || node.write_scheduled {
+            return;
+        }
+        node.write_scheduled = true;
+        let generation = node.generation;
+        let delay = if self.rng.random_range(0..1000u32) < SLOW_WRITE_PER_MILLE {
+            self.stats.slow_writes += 1;
+            self.rng.random_range(SLOW_WRITE_MS.0..=SLOW_WRITE_MS.1)
+        } else {
+            self.rng.random_range(WRITE_MS.0..=WRITE_MS.1)
+        };
+        self.stats.writes += 1;
+        self.schedule(
+            self.now_ms + delay,
+            Ev::WriteLands {
+                node: id,
+                generation,
+            },
+        );
+    }
+
+    /// Node `id`'s write lands: the disk writes the batch, and the store's
+    /// next step handles the landing (a failed write stops the node there).
+    pub fn land_write(&mut self, id: u64, generation: u64) {
+        let node = self.node(id);
+        if node.generation != generation {
+            return;
+        }
+        node.write_scheduled = false;
+        let Some(store) = node.store.as_mut() else {
+            return;
+        };
+        store.complete_write();
+        self.step(id, Vec::new(), false);
     }
 
     fn route_from(&mut self, from: u64) {
@@ -664,7 +722,6 @@ impl World {
             return;
         }
         self.step(id, Vec::new(), true);
-        self.check_commits_are_durable_on_a_majority(id);
         let spread = TICK_MS * TICK_JITTER_PERCENT / 100;
         let next = self
             .rng
