@@ -6,8 +6,8 @@
 use std::collections::BTreeMap;
 
 use fencelock_storage::WriteBatch;
-use raft::prelude::{Message, Snapshot};
-use raft::StateRole;
+use raft::prelude::{Entry, EntryType, Message, Snapshot};
+use raft::{GetEntriesContext, StateRole};
 
 use crate::apply::{apply_entries, serve_reads, u64_from_ctx};
 use crate::replica::{on_role_change, Peer};
@@ -127,6 +127,12 @@ impl Store {
                 sim_fault: self.sim_fault,
             };
             apply_entries(peer, committed, &mut self.deferred, &mut obs);
+            // A leader applies, and answers, what a majority of followers
+            // has durable while its own copy is still being written.
+            if peer.is_leader() {
+                let ahead = committed_ahead_of_own_disk(peer);
+                apply_entries(peer, ahead, &mut self.deferred, &mut obs);
+            }
             after_apply(
                 peer,
                 self.config.raft.snapshot_interval_entries,
@@ -224,10 +230,9 @@ impl Store {
             }
             snapshots_sent += queue_messages(&mut outbox, ready.shard_id, ready.persisted_messages);
             peer.raw.on_persist_ready(ready.number);
-            // A snapshot's index is applied once raft-rs knows it durable.
-            if peer.applied_index > peer.raw.raft.raft_log.applied {
-                peer.raw.advance_apply_to(peer.applied_index);
-            }
+            // A snapshot's index (or entries a leader applied ahead of its
+            // own disk) count as applied for raft-rs once durable here.
+            tell_raft_applied(peer);
         }
         self.obs.metrics.snapshots_sent.inc_by(snapshots_sent);
         self.send_outbox(outbox);
@@ -278,9 +283,7 @@ fn after_apply(
     batch: &mut WriteBatch,
     obs: &mut observe::ApplyObs<'_>,
 ) {
-    if peer.applied_index > peer.raw.raft.raft_log.applied {
-        peer.raw.advance_apply_to(peer.applied_index);
-    }
+    tell_raft_applied(peer);
     let applied = peer.applied_index;
     if applied > peer.raw.store().applied_index() {
         let staged = peer.raw.mut_store().set_applied_index(applied, batch);
@@ -306,6 +309,47 @@ fn after_apply(
                 .saturating_duration_since(started)
                 .as_secs_f64(),
         );
+    }
+}
+
+/// Most entries a leader applies ahead of its own disk in one pass.
+const MAX_APPLY_AHEAD_ENTRIES: u64 = 4_096;
+
+/// Entries committed (a majority of voters has them durable) that raft-rs
+/// does not hand over yet because this leader's own write of them is still
+/// in flight (raft-rs 0.7 hands over `min(committed, persisted)`). Applying
+/// and answering them now is what send-before-persist is for: a leader
+/// whose disk stalls still answers through its followers' majority
+/// (docs/safety.md, "Sending before persisting"). Configuration changes
+/// are left to raft-rs's own pace: the first one ends the run.
+fn committed_ahead_of_own_disk(peer: &Peer) -> Vec<Entry> {
+    let log = &peer.raw.raft.raft_log;
+    let from = peer.applied_index + 1;
+    if log.committed <= log.persisted || log.committed < from || from < log.first_index() {
+        return Vec::new();
+    }
+    let to = log.committed.min(from + MAX_APPLY_AHEAD_ENTRIES - 1);
+    let Ok(entries) = log.slice(from, to + 1, None, GetEntriesContext::empty(false)) else {
+        return Vec::new();
+    };
+    // Pair assertion with raft-rs: the slice is the committed log from the
+    // applied index on, without a hole.
+    debug_assert!(entries
+        .iter()
+        .enumerate()
+        .all(|(i, e)| e.index == from + i as u64));
+    (entries.into_iter())
+        .take_while(|e| e.get_entry_type() == EntryType::EntryNormal)
+        .collect()
+}
+
+/// raft-rs's applied index follows ours, up to what is durable here (it
+/// refuses to count an entry applied past its persisted index).
+fn tell_raft_applied(peer: &mut Peer) {
+    let log = &peer.raw.raft.raft_log;
+    let applied = peer.applied_index.min(log.persisted).min(log.committed);
+    if applied > log.applied {
+        peer.raw.advance_apply_to(applied);
     }
 }
 

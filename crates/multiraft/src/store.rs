@@ -226,10 +226,11 @@ impl Store {
             // window since that write has passed, so each fsync carries
             // the requests and peer appends of the whole window. An idle
             // node is past the window already and does not wait.
-            // A tick is due now, or a write is in flight (what comes now
-            // rides the next batch anyway): take what is queued without
-            // waiting.
-            let deadline = if ticked || self.writes.in_flight.is_some() {
+            // A tick is due now: take what is queued without waiting.
+            // (While a write is in flight the window still applies: what
+            // arrives in it rides the next batch anyway, and fewer, fuller
+            // entries cost less CPU per command.)
+            let deadline = if ticked {
                 std::time::Instant::now()
             } else {
                 last_step_end + window
@@ -276,7 +277,7 @@ impl Store {
             // let the next batch grow without bound; its inbox fills and
             // callers are refused SERVER_BUSY.
             if self.writes.in_flight.is_some()
-                && self.deferred.size_bytes() > crate::write::MAX_STAGED_WRITE_BYTES
+                && self.deferred.size_bytes() > self.writes.max_staged_bytes
             {
                 if let Some(done) = self.writes.wait() {
                     self.on_write_landed(done);

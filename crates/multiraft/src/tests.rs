@@ -359,3 +359,152 @@ fn a_learner_is_sent_the_snapshot_a_ready_less_iteration_wrote() {
         "the written snapshot is what the storage shows"
     );
 }
+
+/// A disk whose writes wait while the gate is closed.
+struct GatedEngine {
+    inner: MemEngine,
+    closed: std::sync::Mutex<bool>,
+    opened: std::sync::Condvar,
+}
+
+impl GatedEngine {
+    fn set_closed(&self, closed: bool) {
+        *self.closed.lock().expect("gate") = closed;
+        self.opened.notify_all();
+    }
+}
+
+impl fencelock_storage::Engine for GatedEngine {
+    fn get(
+        &self,
+        cf: fencelock_storage::Cf,
+        key: &[u8],
+    ) -> fencelock_storage::Result<Option<Vec<u8>>> {
+        self.inner.get(cf, key)
+    }
+
+    fn write(&self, batch: &WriteBatch, sync: bool) -> fencelock_storage::Result<()> {
+        let mut closed = self.closed.lock().expect("gate");
+        while *closed {
+            closed = self.opened.wait(closed).expect("gate");
+        }
+        drop(closed);
+        self.inner.write(batch, sync)
+    }
+
+    fn iterate(
+        &self,
+        cf: fencelock_storage::Cf,
+        start: &[u8],
+        end: &[u8],
+        f: &mut fencelock_storage::engine::IterCallback<'_>,
+    ) -> fencelock_storage::Result<()> {
+        self.inner.iterate(cf, start, end, f)
+    }
+}
+
+/// Back-pressure (docs/architecture.md, "The write path"): while the disk
+/// holds a write, the loop stages the next batch; once that batch is over
+/// its limit the loop waits for the disk instead of taking more, so its
+/// bounded inbox fills (the server answers SERVER_BUSY) rather than the
+/// node's memory growing. When the disk comes back, every request queued
+/// is answered.
+#[test]
+fn a_stalled_disk_fills_the_inbox_instead_of_memory_and_everything_is_answered_after() {
+    let mut config = StoreConfig::for_test(1, [(1, "10.0.0.1:7000")]);
+    config.shard_count = 1;
+    config.replication_factor = 1;
+    let engine = Arc::new(GatedEngine {
+        inner: MemEngine::new(),
+        closed: std::sync::Mutex::new(false),
+        opened: std::sync::Condvar::new(),
+    });
+    let io = StoreIo {
+        engine: engine.clone(),
+        sink: Arc::new(NullSink),
+        clock: Arc::new(SystemClock),
+        fixed_election_timeout: true,
+        write_mode: WriteMode::Thread,
+    };
+    const INBOX: usize = 8;
+    let (tx, inbox) = crossbeam_channel::bounded(INBOX);
+    let router = Arc::new(Router::new(config.peer_map()));
+    let obs = Observers {
+        metrics: StoreHandles::register(&prometheus::Registry::new()).locals(),
+        audit: AuditLog::disabled(),
+    };
+    let status: Arc<std::sync::Mutex<Vec<crate::ShardStatus>>> = Arc::default();
+    let mut store =
+        Store::open_with(config, io, inbox, status.clone(), router, obs).expect("the store opens");
+    // One entry's worth: the second batch staged behind a write in flight
+    // is already over it.
+    store.writes.max_staged_bytes = 1;
+    let looping = std::thread::spawn(move || store.run());
+    let ready = Instant::now();
+    let all_lead = |s: &[crate::ShardStatus]| !s.is_empty() && s.iter().all(|s| s.is_leader);
+    while !all_lead(&status.lock().expect("status")) {
+        assert!(ready.elapsed() < Duration::from_secs(20), "never ready");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+
+    engine.set_closed(true);
+    let mut answers = Vec::new();
+    let mut refused = 0;
+    for _ in 0..(INBOX * 8) {
+        let (reply, rx) = oneshot::channel();
+        let msg = StoreMsg::Propose {
+            shard_id: DATA_SHARD,
+            command: Command::Renew {
+                resource: ResourceName::parse("unit/entry").expect("valid"),
+                owner: Owner::anonymous(),
+                lease_id: LeaseId([7; 16]),
+                lease_ttl_ms: 1_000,
+            },
+            responder: Responder::Reply(reply),
+            caller: None,
+        };
+        match tx.try_send(msg) {
+            Ok(()) => answers.push(rx),
+            Err(crossbeam_channel::TrySendError::Full(_)) => refused += 1,
+            Err(e) => panic!("the loop is gone: {e}"),
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(
+        refused > 0,
+        "the inbox never filled: the loop kept taking requests behind a stalled disk"
+    );
+    assert!(
+        answers.len() <= INBOX + 3,
+        "{} requests taken",
+        answers.len()
+    );
+
+    engine.set_closed(false);
+    for mut rx in answers {
+        let started = Instant::now();
+        loop {
+            match rx.try_recv() {
+                Ok(answer) => {
+                    // Applied: the renew of a lease nobody holds is
+                    // refused by the table, not by the store.
+                    assert!(
+                        matches!(answer, Ok(_) | Err(StoreError::Lock(_))),
+                        "answered as applied: {answer:?}"
+                    );
+                    break;
+                }
+                Err(oneshot::error::TryRecvError::Empty) => {
+                    assert!(
+                        started.elapsed() < Duration::from_secs(20),
+                        "never answered"
+                    );
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                Err(e) => panic!("dropped unanswered: {e}"),
+            }
+        }
+    }
+    let _ = tx.send(StoreMsg::Shutdown);
+    looping.join().expect("the loop stops cleanly");
+}

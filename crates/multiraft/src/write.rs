@@ -125,24 +125,29 @@ pub(crate) struct Writes {
     next_seq: u64,
     /// To the writer thread ([`WriteMode::Thread`]).
     jobs: Option<Sender<WriteJob>>,
+    /// The writer thread, joined on drop: it holds the engine, and a node
+    /// restarted in the same process must find the database closed.
+    writer: Option<std::thread::JoinHandle<()>>,
     /// Landed writes: from the writer thread, or queued by the loop itself.
     done_tx: Sender<WriteDone>,
     pub(crate) done_rx: Receiver<WriteDone>,
     /// The batch the driver has yet to complete ([`WriteMode::Driven`]).
     pub(crate) held: Option<WriteJob>,
     engine: Arc<dyn Engine>,
+    /// [`MAX_STAGED_WRITE_BYTES`] (lowered by tests).
+    pub(crate) max_staged_bytes: usize,
 }
 
 impl Writes {
     pub(crate) fn new(mode: WriteMode, engine: Arc<dyn Engine>, node_id: u64) -> Writes {
         let (done_tx, done_rx) = crossbeam_channel::unbounded();
-        let jobs = (mode == WriteMode::Thread).then(|| {
+        let (jobs, writer) = if mode == WriteMode::Thread {
             // One job at a time: the loop hands over a batch only when the
             // previous one landed.
             let (tx, rx) = crossbeam_channel::bounded::<WriteJob>(1);
             let engine = engine.clone();
             let done = done_tx.clone();
-            std::thread::Builder::new()
+            let writer = std::thread::Builder::new()
                 .name(format!("fencelock-writer-{node_id}"))
                 .spawn(move || {
                     for job in rx {
@@ -152,18 +157,22 @@ impl Writes {
                     }
                 })
                 .expect("spawn the writer thread");
-            tx
-        });
+            (Some(tx), Some(writer))
+        } else {
+            (None, None)
+        };
         Writes {
             mode,
             staging: Staging::default(),
             in_flight: None,
             next_seq: 1,
             jobs,
+            writer,
             done_tx,
             done_rx,
             held: None,
             engine,
+            max_staged_bytes: MAX_STAGED_WRITE_BYTES,
         }
     }
 
@@ -222,6 +231,18 @@ impl Writes {
         match self.done_rx.recv() {
             Ok(done) => Some(done),
             Err(_) => panic!("fencelock: the writer thread is gone; stopping the node"),
+        }
+    }
+}
+
+impl Drop for Writes {
+    /// Stops the writer thread after the write it may be doing (what a
+    /// crash would leave is whatever landed; a batch never handed over is
+    /// lost, as in a crash).
+    fn drop(&mut self) {
+        self.jobs = None;
+        if let Some(writer) = self.writer.take() {
+            let _ = writer.join();
         }
     }
 }

@@ -18,6 +18,7 @@ pub mod leader_clock;
 pub mod lease_time;
 pub mod orphans;
 pub mod reshard;
+pub mod slow_disk;
 pub mod watchers;
 pub mod world;
 

@@ -197,6 +197,8 @@ pub struct Node {
     next_step: Vec<StoreMsg>,
     /// The landing of the store's write in flight is scheduled.
     write_scheduled: bool,
+    /// The disk takes writes but lands none until unstalled.
+    disk_stalled: bool,
 }
 
 /// What happens at a point of simulated time.
@@ -358,6 +360,7 @@ impl World {
                 generation: 0,
                 next_step: Vec::new(),
                 write_scheduled: false,
+                disk_stalled: false,
             });
             world.start(id);
         }
@@ -627,7 +630,7 @@ impl World {
     fn schedule_write(&mut self, id: u64) {
         let node = self.node(id);
         let pending = node.store.as_ref().is_some_and(Store::write_pending);
-        if !pending || node.write_scheduled {
+        if !pending || node.write_scheduled || node.disk_stalled {
             return;
         }
         node.write_scheduled = true;
@@ -646,6 +649,21 @@ impl World {
                 generation,
             },
         );
+    }
+
+    /// Stalls node `id`'s disk (`true`): the write in flight and every
+    /// later one wait until it is unstalled (`false`), then land as usual.
+    pub fn stall_disk(&mut self, id: u64, stalled: bool) {
+        self.node(id).disk_stalled = stalled;
+        if !stalled {
+            self.schedule_write(id);
+        }
+    }
+
+    /// Whether node `id` has a write in flight that has not landed.
+    pub fn write_in_flight(&self, id: u64) -> bool {
+        let node = &self.nodes[(id - 1) as usize];
+        node.store.as_ref().is_some_and(Store::write_pending)
     }
 
     /// Node `id`'s write lands: the disk writes the batch, and the store's
