@@ -40,11 +40,12 @@ pub struct RaftConfig {
     /// on this release, and the wall-clock offset bound that nodes of the
     /// previous release rely on (see `docs/safety.md`, assumption A1).
     pub clock_offset_allowance_ms: u64,
-    /// Group commit: when the store loop's previous synced write finished
-    /// less than this long ago, it waits up to the rest of it for more
-    /// requests and peer messages to share the next one, 0..=20000 µs
-    /// (default 2000; 0 disables). Bounds a busy node's fsyncs to about
-    /// one per window; an idle node answers at once.
+    /// Group commit: when the store loop's previous iteration ended less
+    /// than this long ago, it waits up to the rest of it for more requests
+    /// and peer messages to share the next one, 0..=20000 µs (default
+    /// 2000; 0 disables): fewer, fuller entries. The writer thread syncs
+    /// one batch at a time, so what arrives during an fsync shares the
+    /// next one anyway; an idle node answers at once.
     pub group_commit_window_us: u64,
 }
 
