@@ -159,8 +159,13 @@ impl OneNode {
     }
 
     fn entry() -> StoreMsg {
-        let (tx, _rx) = oneshot::channel();
-        StoreMsg::Propose {
+        Self::answered_entry().0
+    }
+
+    /// [`OneNode::entry`] with the receiver of its answer.
+    fn answered_entry() -> (StoreMsg, oneshot::Receiver<ReplyResult>) {
+        let (tx, rx) = oneshot::channel();
+        let msg = StoreMsg::Propose {
             shard_id: DATA_SHARD,
             command: Command::Renew {
                 resource: ResourceName::parse("unit/entry").expect("valid"),
@@ -170,7 +175,8 @@ impl OneNode {
             },
             responder: Responder::Reply(tx),
             caller: None,
-        }
+        };
+        (msg, rx)
     }
 
     fn data(&self) -> &Peer {
@@ -451,18 +457,7 @@ fn a_stalled_disk_fills_the_inbox_instead_of_memory_and_everything_is_answered_a
     let mut answers = Vec::new();
     let mut refused = 0;
     for _ in 0..(INBOX * 8) {
-        let (reply, rx) = oneshot::channel();
-        let msg = StoreMsg::Propose {
-            shard_id: DATA_SHARD,
-            command: Command::Renew {
-                resource: ResourceName::parse("unit/entry").expect("valid"),
-                owner: Owner::anonymous(),
-                lease_id: LeaseId([7; 16]),
-                lease_ttl_ms: 1_000,
-            },
-            responder: Responder::Reply(reply),
-            caller: None,
-        };
+        let (msg, rx) = OneNode::answered_entry();
         match tx.try_send(msg) {
             Ok(()) => answers.push(rx),
             Err(crossbeam_channel::TrySendError::Full(_)) => refused += 1,

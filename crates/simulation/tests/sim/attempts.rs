@@ -104,6 +104,22 @@ pub(super) fn propose(
     (msg, rx)
 }
 
+/// A release of `lease` by the anonymous owner, answered on the receiver.
+pub(super) fn release_for(
+    shard_id: u64,
+    resource: &ResourceName,
+    lease: u8,
+) -> (StoreMsg, oneshot::Receiver<ReplyResult>) {
+    propose(
+        shard_id,
+        Command::Release {
+            resource: resource.clone(),
+            owner: Owner::anonymous(),
+            lease_id: LeaseId([lease; 16]),
+        },
+    )
+}
+
 #[test]
 fn a_cancel_for_a_gone_first_attempt_spares_the_retry_that_attached() {
     let mut world = World::new(StdRng::seed_from_u64(11), None);

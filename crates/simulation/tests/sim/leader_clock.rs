@@ -14,11 +14,11 @@
 //! on the successors only) frees A's lease at once.
 
 use fencelock_multiraft::{SimFault, StoreMsg};
-use fencelock_statemachine::{Command, LeaseId, Owner, ResourceName};
+use fencelock_statemachine::{LeaseId, ResourceName};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 
-use super::attempts::{acquire_for, propose, run_for, run_next};
+use super::attempts::{acquire_for, release_for, run_for, run_next};
 use super::lease_time::{granted_ttl_ms, leader_of, shard_of};
 use super::world::{World, NODES};
 
@@ -61,14 +61,7 @@ fn scenario(seed: u64, successor_fault: Option<SimFault>) -> Outcome {
     world.step(b, vec![msg], false);
     run_for(&mut world, 1_000);
     assert!(first.try_recv().is_ok_and(|a| a.is_ok()), "warm-up granted");
-    let (msg, _released) = propose(
-        shard_id,
-        Command::Release {
-            resource: resource.clone(),
-            owner: Owner::anonymous(),
-            lease_id: LeaseId([9; 16]),
-        },
-    );
+    let (msg, _released) = release_for(shard_id, &resource, 9);
     world.step(b, vec![msg], false);
     run_for(&mut world, IDLE_MS);
 

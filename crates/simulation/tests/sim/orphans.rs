@@ -13,7 +13,7 @@
 //! In each, a third caller queued behind the orphan must get the lock
 //! within a few seconds, far sooner than the orphan's 20 s lease would end.
 
-use fencelock_multiraft::{AcquireResult, ReplyResult, Responder, StoreMsg};
+use fencelock_multiraft::{AcquireResult, Responder, StoreMsg};
 use fencelock_placement::PlacementMap;
 use fencelock_statemachine::{
     slot_of, AcquireStatus, Command, LeaseId, Owner, Reply, RequestId, ResourceName, SlotSet,
@@ -22,6 +22,7 @@ use rand::rngs::StdRng;
 use rand::SeedableRng;
 use tokio::sync::oneshot;
 
+use super::attempts::{propose, release_for};
 use super::world::{Ev, World};
 
 /// The orphan's lease: long enough that waiting it out fails the tests.
@@ -87,27 +88,8 @@ fn acquire(
     (msg, rx)
 }
 
-fn propose(shard_id: u64, command: Command) -> (StoreMsg, oneshot::Receiver<ReplyResult>) {
-    let (tx, rx) = oneshot::channel();
-    let msg = StoreMsg::Propose {
-        shard_id,
-        command,
-        responder: Responder::Reply(tx),
-        caller: None,
-    };
-    (msg, rx)
-}
-
 fn release(shard_id: u64, resource: &ResourceName, lease: u8) -> StoreMsg {
-    propose(
-        shard_id,
-        Command::Release {
-            resource: resource.clone(),
-            owner: Owner::anonymous(),
-            lease_id: LeaseId([lease; 16]),
-        },
-    )
-    .0
+    release_for(shard_id, resource, lease).0
 }
 
 fn is_held(answer: &AcquireResult) -> bool {

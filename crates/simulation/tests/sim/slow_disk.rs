@@ -7,13 +7,12 @@
 //! disk comes back, the write lands and nothing is lost (the durability
 //! property is checked after every step all along).
 
-use fencelock_multiraft::ReplyResult;
-use fencelock_statemachine::{AcquireStatus, Command, LeaseId, Owner, Reply, ResourceName};
+use fencelock_statemachine::{AcquireStatus, Reply, ResourceName};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 use tokio::sync::oneshot;
 
-use super::attempts::{acquire_for, propose, run_for};
+use super::attempts::{acquire_for, release_for, run_for};
 use super::lease_time::{leader_of, shard_of};
 use super::world::World;
 
@@ -32,24 +31,6 @@ fn answered<T>(world: &mut World, rx: &mut oneshot::Receiver<T>) -> Option<T> {
         }
     }
     None
-}
-
-fn release(
-    shard_id: u64,
-    resource: &ResourceName,
-    lease: u8,
-) -> (
-    fencelock_multiraft::StoreMsg,
-    oneshot::Receiver<ReplyResult>,
-) {
-    propose(
-        shard_id,
-        Command::Release {
-            resource: resource.clone(),
-            owner: Owner::anonymous(),
-            lease_id: LeaseId([lease; 16]),
-        },
-    )
 }
 
 #[test]
@@ -84,7 +65,7 @@ fn a_leader_whose_disk_stalls_answers_through_its_followers_majority() {
                 world.write_in_flight(leader),
                 "seed {seed} round {round}: the leader's own write landed"
             );
-            let (msg, mut released) = release(shard_id, &resource, lease);
+            let (msg, mut released) = release_for(shard_id, &resource, lease);
             world.step(leader, vec![msg], false);
             let got = answered(&mut world, &mut released);
             assert!(
