@@ -371,6 +371,8 @@ struct GatedEngine {
     inner: MemEngine,
     closed: std::sync::Mutex<bool>,
     opened: std::sync::Condvar,
+    /// Every write panics (a bug in the engine, say).
+    panic_on_write: std::sync::atomic::AtomicBool,
 }
 
 impl GatedEngine {
@@ -390,6 +392,10 @@ impl fencelock_storage::Engine for GatedEngine {
     }
 
     fn write(&self, batch: &WriteBatch, sync: bool) -> fencelock_storage::Result<()> {
+        assert!(
+            !self.panic_on_write.load(Ordering::Relaxed),
+            "the engine panics"
+        );
         let mut closed = self.closed.lock().expect("gate");
         while *closed {
             closed = self.opened.wait(closed).expect("gate");
@@ -409,6 +415,46 @@ impl fencelock_storage::Engine for GatedEngine {
     }
 }
 
+/// A writer thread that panics inside a write stops the node like a failed
+/// write (the loop does not wait for a landing that never comes).
+#[test]
+fn a_panic_in_the_writer_thread_stops_the_loop() {
+    let mut config = StoreConfig::for_test(1, [(1, "10.0.0.1:7000")]);
+    config.shard_count = 1;
+    config.replication_factor = 1;
+    let engine = Arc::new(GatedEngine {
+        inner: MemEngine::new(),
+        closed: std::sync::Mutex::new(false),
+        opened: std::sync::Condvar::new(),
+        panic_on_write: std::sync::atomic::AtomicBool::new(false),
+    });
+    let io = StoreIo {
+        engine: engine.clone(),
+        sink: Arc::new(NullSink),
+        clock: Arc::new(SystemClock),
+        fixed_election_timeout: true,
+        write_mode: WriteMode::Thread,
+    };
+    let (tx, inbox) = crossbeam_channel::bounded(64);
+    let router = Arc::new(Router::new(config.peer_map()));
+    let obs = Observers {
+        metrics: StoreHandles::register(&prometheus::Registry::new()).locals(),
+        audit: AuditLog::disabled(),
+    };
+    let store =
+        Store::open_with(config, io, inbox, Arc::default(), router, obs).expect("the store opens");
+    // Every write from now on panics on the writer thread.
+    engine.panic_on_write.store(true, Ordering::Relaxed);
+    let looping = std::thread::spawn(move || store.run());
+    let _ = tx.send(OneNode::entry());
+    let stopped = looping.join().expect_err("the loop stops");
+    let message = (stopped.downcast_ref::<String>().cloned()).unwrap_or_default();
+    assert!(
+        message.contains("writer thread panicked"),
+        "stopped with: {message}"
+    );
+}
+
 /// Back-pressure (docs/architecture.md, "The write path"): while the disk
 /// holds a write, the loop stages the next batch; once that batch is over
 /// its limit the loop waits for the disk instead of taking more, so its
@@ -424,6 +470,7 @@ fn a_stalled_disk_fills_the_inbox_instead_of_memory_and_everything_is_answered_a
         inner: MemEngine::new(),
         closed: std::sync::Mutex::new(false),
         opened: std::sync::Condvar::new(),
+        panic_on_write: std::sync::atomic::AtomicBool::new(false),
     });
     let io = StoreIo {
         engine: engine.clone(),

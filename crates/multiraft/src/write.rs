@@ -151,7 +151,20 @@ impl Writes {
                 .name(format!("fencelock-writer-{node_id}"))
                 .spawn(move || {
                     for job in rx {
-                        if done.send(perform(engine.as_ref(), job)).is_err() {
+                        let (seq, sync) = (job.seq, job.sync);
+                        // A panic here must stop the node like a failed
+                        // write, not leave the loop waiting for a landing
+                        // that never comes: it is reported as one.
+                        let landed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                            perform(engine.as_ref(), job)
+                        }))
+                        .unwrap_or_else(|_| WriteDone {
+                            seq,
+                            result: Err("the writer thread panicked in the write".into()),
+                            took: Duration::ZERO,
+                            sync,
+                        });
+                        if done.send(landed).is_err() {
                             break;
                         }
                     }
