@@ -415,10 +415,12 @@ impl fencelock_storage::Engine for GatedEngine {
     }
 }
 
-/// A writer thread that panics inside a write stops the node like a failed
-/// write (the loop does not wait for a landing that never comes).
-#[test]
-fn a_panic_in_the_writer_thread_stops_the_loop() {
+/// A one-node cluster's store on a [`GatedEngine`], writing on its writer
+/// thread, to run with [`Store::run`].
+fn threaded_one_node(
+    inbox: crossbeam_channel::Receiver<StoreMsg>,
+    status: Arc<std::sync::Mutex<Vec<crate::ShardStatus>>>,
+) -> (Store, Arc<GatedEngine>) {
     let mut config = StoreConfig::for_test(1, [(1, "10.0.0.1:7000")]);
     config.shard_count = 1;
     config.replication_factor = 1;
@@ -435,14 +437,21 @@ fn a_panic_in_the_writer_thread_stops_the_loop() {
         fixed_election_timeout: true,
         write_mode: WriteMode::Thread,
     };
-    let (tx, inbox) = crossbeam_channel::bounded(64);
     let router = Arc::new(Router::new(config.peer_map()));
     let obs = Observers {
         metrics: StoreHandles::register(&prometheus::Registry::new()).locals(),
         audit: AuditLog::disabled(),
     };
-    let store =
-        Store::open_with(config, io, inbox, Arc::default(), router, obs).expect("the store opens");
+    let store = Store::open_with(config, io, inbox, status, router, obs).expect("the store opens");
+    (store, engine)
+}
+
+/// A writer thread that panics inside a write stops the node like a failed
+/// write (the loop does not wait for a landing that never comes).
+#[test]
+fn a_panic_in_the_writer_thread_stops_the_loop() {
+    let (tx, inbox) = crossbeam_channel::bounded(64);
+    let (store, engine) = threaded_one_node(inbox, Arc::default());
     // Every write from now on panics on the writer thread.
     engine.panic_on_write.store(true, Ordering::Relaxed);
     let looping = std::thread::spawn(move || store.run());
@@ -463,32 +472,10 @@ fn a_panic_in_the_writer_thread_stops_the_loop() {
 /// is answered.
 #[test]
 fn a_stalled_disk_fills_the_inbox_instead_of_memory_and_everything_is_answered_after() {
-    let mut config = StoreConfig::for_test(1, [(1, "10.0.0.1:7000")]);
-    config.shard_count = 1;
-    config.replication_factor = 1;
-    let engine = Arc::new(GatedEngine {
-        inner: MemEngine::new(),
-        closed: std::sync::Mutex::new(false),
-        opened: std::sync::Condvar::new(),
-        panic_on_write: std::sync::atomic::AtomicBool::new(false),
-    });
-    let io = StoreIo {
-        engine: engine.clone(),
-        sink: Arc::new(NullSink),
-        clock: Arc::new(SystemClock),
-        fixed_election_timeout: true,
-        write_mode: WriteMode::Thread,
-    };
     const INBOX: usize = 8;
     let (tx, inbox) = crossbeam_channel::bounded(INBOX);
-    let router = Arc::new(Router::new(config.peer_map()));
-    let obs = Observers {
-        metrics: StoreHandles::register(&prometheus::Registry::new()).locals(),
-        audit: AuditLog::disabled(),
-    };
     let status: Arc<std::sync::Mutex<Vec<crate::ShardStatus>>> = Arc::default();
-    let mut store =
-        Store::open_with(config, io, inbox, status.clone(), router, obs).expect("the store opens");
+    let (mut store, engine) = threaded_one_node(inbox, status.clone());
     // One entry's worth: the second batch staged behind a write in flight
     // is already over it.
     store.writes.max_staged_bytes = 1;
