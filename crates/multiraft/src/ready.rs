@@ -165,15 +165,14 @@ impl Store {
         let sync = staging.must_sync;
         let leading = self.peers.values().any(Peer::is_leader);
         let commands = std::mem::take(&mut self.obs.metrics.commands_since_sync);
-        // In flight before it is handed over: an empty batch lands at once.
-        self.writes.in_flight = Some(InFlight {
-            seq: self.writes.next_seq(),
+        let in_flight = InFlight {
+            seq: 0,
             marks,
             readies: staging.readies,
             entries: staging.entries,
             commands,
-        });
-        self.writes.hand_over(batch, sync, leading);
+        };
+        self.writes.hand_over(in_flight, batch, sync, leading);
         true
     }
 

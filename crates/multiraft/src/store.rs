@@ -203,9 +203,9 @@ impl Store {
         let mut msgs = Vec::new();
         // When the previous iteration (and so its synced write) ended.
         let mut last_step_end = std::time::Instant::now();
+        let landed = self.writes.done_rx.clone();
         loop {
             let mut ticked = false;
-            let landed = self.writes.done_rx.clone();
             crossbeam_channel::select! {
                 recv(self.inbox) -> msg => match msg {
                     Ok(StoreMsg::Shutdown) | Err(_) => break,

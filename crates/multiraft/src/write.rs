@@ -109,6 +109,7 @@ pub(crate) struct Staging {
 
 /// The batch on its way to the disk.
 pub(crate) struct InFlight {
+    /// Set by [`Writes::hand_over`].
     pub(crate) seq: u64,
     /// Each shard's storage mark at hand-over: durable through it on landing.
     pub(crate) marks: Vec<(u64, u64)>,
@@ -189,17 +190,21 @@ impl Writes {
         }
     }
 
-    /// The sequence number the next batch handed over gets.
-    pub(crate) fn next_seq(&self) -> u64 {
-        self.next_seq
-    }
-
-    /// Hands `batch` to the disk as this mode does; `in_flight` must have
-    /// been set for it (with [`Self::next_seq`]).
-    pub(crate) fn hand_over(&mut self, batch: WriteBatch, sync: bool, leading: bool) -> u64 {
-        debug_assert_eq!(self.in_flight.as_ref().map(|f| f.seq), Some(self.next_seq));
+    /// Hands `batch` to the disk as this mode does; `in_flight` (its
+    /// sequence number set here) is what waits for it. An empty batch
+    /// lands at once.
+    pub(crate) fn hand_over(
+        &mut self,
+        mut in_flight: InFlight,
+        batch: WriteBatch,
+        sync: bool,
+        leading: bool,
+    ) {
+        debug_assert!(self.in_flight.is_none(), "one batch in flight at a time");
         let seq = self.next_seq;
         self.next_seq += 1;
+        in_flight.seq = seq;
+        self.in_flight = Some(in_flight);
         let job = WriteJob {
             seq,
             batch,
@@ -210,7 +215,7 @@ impl Writes {
             // Nothing for the disk (messages that wait only for earlier
             // batches, all landed): lands at once, in order.
             let _ = self.done_tx.send(perform(self.engine.as_ref(), job));
-            return seq;
+            return;
         }
         match self.mode {
             WriteMode::Thread => {
@@ -224,7 +229,6 @@ impl Writes {
             }
             WriteMode::Driven => self.held = Some(job),
         }
-        seq
     }
 
     /// The driver's completion of the held batch ([`WriteMode::Driven`]).
