@@ -1,6 +1,7 @@
 //! The loop: [`Store`] opens every replica, waits for work (no sleep-polling),
-//! and runs one iteration per wake-up: handle messages, tick, propose,
-//! persist, send, apply, answer.
+//! and runs one iteration per wake-up: handle messages and landed writes,
+//! tick, propose, stage, send, apply, answer, hand the next batch to the
+//! writer (see [`crate::write`]).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -201,7 +202,7 @@ impl Store {
             crossbeam_channel::tick(Duration::from_millis(self.config.raft.tick_interval_ms));
         let window = self.config.raft.group_commit_window();
         let mut msgs = Vec::new();
-        // When the previous iteration (and so its synced write) ended.
+        // When the previous iteration ended.
         let mut last_step_end = std::time::Instant::now();
         let landed = self.writes.done_rx.clone();
         loop {
@@ -256,8 +257,9 @@ impl Store {
 
     /// One iteration of the store loop: handles `msgs` in order, then, if
     /// `tick`, one Raft tick of every shard (timeouts, due lease expiry);
-    /// then proposes, persists with one synced write, sends, applies and
-    /// answers. [`Store::run`] calls it as events arrive; a simulation calls
+    /// then, in rounds until nothing moves: handles landed writes, proposes,
+    /// stages every ready, sends, applies and answers, and hands the staged
+    /// batch to the disk when none is in flight. [`Store::run`] calls it as events arrive; a simulation calls
     /// it directly and so decides when ticks happen. A `Shutdown` among
     /// `msgs` is ignored (stopping is the caller's decision).
     pub fn step(&mut self, msgs: impl IntoIterator<Item = StoreMsg>, tick: bool) {
@@ -304,8 +306,9 @@ impl Store {
         }
     }
 
-    /// A clean stop: the deferred, unsynced writes (commit index, applied
-    /// index, snapshots) go to disk before the database closes, so a clean
+    /// A clean stop: the write in flight lands and everything staged
+    /// (entries, applied index, snapshots) is written synced before the
+    /// database closes, so a clean
     /// restart replays nothing it had already applied; everyone still
     /// waiting is told the node is shutting down. (Dropping a `Store`
     /// without this is what a crash looks like.)
