@@ -344,6 +344,7 @@ fn start_cluster(setup: &ClientLoadSetup) -> Result<LocalCluster, BenchError> {
         dir: setup.work_dir.join(CLUSTER_DIR),
         shards: setup.shards,
         snapshot_entries: None,
+        slow_disk_node: None,
         keep: setup.keep_data,
     })
 }

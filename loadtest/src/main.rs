@@ -4,8 +4,8 @@
 //!   `--endpoints`).
 //! * `compare` — the side-by-side suite behind `make bench`: every profile
 //!   against fencelock and against etcd, each on a fresh local cluster, one
-//!   report (the fencelock-only profiles, `watch` and `failover`, against
-//!   fencelock alone).
+//!   report (the fencelock-only profiles, `watch`, `failover` and
+//!   `slow-disk`, against fencelock alone).
 //! * `client-load` — load from client processes of the Python package
 //!   (`clients/python/bench.py`), ops/s per process and in total.
 
@@ -158,9 +158,9 @@ struct CompareArgs {
     /// Targets to compare.
     #[arg(long, value_enum, value_delimiter = ',', default_values_t = [TargetKind::Fencelock, TargetKind::Etcd])]
     targets: Vec<TargetKind>,
-    /// Profiles to run against each target (`watch` and `failover` against
-    /// fencelock only).
-    #[arg(long, value_enum, value_delimiter = ',', default_values_t = [ProfileKind::Seed, ProfileKind::Contended, ProfileKind::Saturate, ProfileKind::Capacity, ProfileKind::Watch, ProfileKind::Failover])]
+    /// Profiles to run against each target (`watch`, `failover` and
+    /// `slow-disk` against fencelock only).
+    #[arg(long, value_enum, value_delimiter = ',', default_values_t = [ProfileKind::Seed, ProfileKind::Contended, ProfileKind::Saturate, ProfileKind::Capacity, ProfileKind::Watch, ProfileKind::Failover, ProfileKind::SlowDisk])]
     profiles: Vec<ProfileKind>,
     /// Runs of each profile per system. The systems run each profile back
     /// to back, the first one alternating across repeats, so the default
@@ -223,20 +223,21 @@ struct CommonArgs {
     #[arg(long)]
     quick: bool,
 
-    // ---- seed and capacity ----
-    /// Measured seconds of seed and capacity.
+    // ---- seed, capacity and slow-disk ----
+    /// Measured seconds of seed, capacity and slow-disk (slow-disk: half
+    /// healthy, half slow).
     #[arg(long)]
     duration_s: Option<u64>,
     /// Seconds of warm-up before the seed window opens.
     #[arg(long)]
     warmup_s: Option<u64>,
-    /// Acquires per second (seed, capacity).
+    /// Acquires per second (seed, capacity, slow-disk).
     #[arg(long)]
     rate: Option<f64>,
-    /// Resources to pick from (seed, capacity).
+    /// Resources to pick from (seed, capacity, slow-disk).
     #[arg(long)]
     resources: Option<u32>,
-    /// Leases held at steady state (seed, capacity).
+    /// Leases held at steady state (seed, capacity, slow-disk).
     #[arg(long)]
     held: Option<u32>,
     #[arg(long)]
@@ -307,6 +308,12 @@ struct CommonArgs {
     /// --endpoints).
     #[arg(long)]
     kill_reps: Option<u32>,
+
+    // ---- slow-disk ----
+    /// How long each sync of the slow node takes in the slow half, in ms
+    /// (slow-disk; 1..=60000).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=60_000))]
+    slow_disk_delay_ms: Option<u64>,
 }
 
 impl CommonArgs {
@@ -359,6 +366,8 @@ impl CommonArgs {
         f.ttl_ms = self.election_ttl_ms.unwrap_or(f.ttl_ms);
         f.crash_reps = self.crash_reps.unwrap_or(f.crash_reps);
         f.kill_reps = self.kill_reps.unwrap_or(f.kill_reps);
+        let d = &mut p.slow_disk;
+        d.sync_delay_ms = self.slow_disk_delay_ms.unwrap_or(d.sync_delay_ms);
         p
     }
 

@@ -17,9 +17,10 @@ use crate::profile::contended::ContendedConfig;
 use crate::profile::failover::FailoverConfig;
 use crate::profile::saturate::SaturateConfig;
 use crate::profile::seed::{ScheduledEvent, SeedConfig};
+use crate::profile::slow_disk::{SlowDiskConfig, SLOW_NODE};
 use crate::profile::watch::WatchConfig;
 use crate::profile::{
-    contended, failover, saturate, seed, watch, ProfileFindings, ProfileKind, RunContext,
+    contended, failover, saturate, seed, slow_disk, watch, ProfileFindings, ProfileKind, RunContext,
 };
 use crate::stats::Summary;
 
@@ -61,6 +62,7 @@ pub struct Profiles {
     pub saturate: SaturateConfig,
     pub watch: WatchConfig,
     pub failover: FailoverConfig,
+    pub slow_disk: SlowDiskConfig,
 }
 
 /// Figures derived from the counters and the summary.
@@ -191,6 +193,7 @@ fn start_cluster(setup: &TargetSetup, profile: ProfileKind) -> Result<LocalClust
             dir,
             shards: setup.shards,
             snapshot_entries,
+            slow_disk_node: (profile == ProfileKind::SlowDisk).then_some(SLOW_NODE),
             keep: setup.keep_data,
         }),
         TargetKind::Etcd => LocalCluster::start_etcd(ClusterOptions {
@@ -199,6 +202,7 @@ fn start_cluster(setup: &TargetSetup, profile: ProfileKind) -> Result<LocalClust
             dir,
             shards: 1,
             snapshot_entries,
+            slow_disk_node: None,
             keep: setup.keep_data,
         }),
     }
@@ -219,12 +223,12 @@ pub async fn run_one(
             profile.name()
         )));
     }
-    if profile == ProfileKind::Capacity && setup.endpoints.is_some() {
-        return Err(BenchError::InvalidArgument(
-            "the capacity profile kills and restarts a node, so it needs a local cluster \
-             (drop --endpoints)"
-                .to_owned(),
-        ));
+    if profile.needs_local_cluster() && setup.endpoints.is_some() {
+        return Err(BenchError::InvalidArgument(format!(
+            "the {} profile kills a node or slows its disk, so it needs a local cluster \
+             (drop --endpoints)",
+            profile.name()
+        )));
     }
     let cluster = match &setup.endpoints {
         Some(_) => None,
@@ -257,6 +261,16 @@ pub async fn run_one(
         setup.max_in_flight,
     );
     ctx.progress = setup.progress;
+    ctx.server_cpu_s = cluster.clone().map(|c| {
+        Arc::new(move || {
+            c.lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .usage()
+                .iter()
+                .map(|n| n.cpu_s)
+                .sum::<f64>()
+        }) as Arc<dyn Fn() -> f64 + Send + Sync>
+    });
     if setup.progress {
         eprintln!(
             "== {} / {} on {}",
@@ -269,7 +283,9 @@ pub async fn run_one(
     // The measured window opens after the warm-up (seed, capacity) or at
     // once; counters and CPU are read at both ends of it.
     let warmup = match profile {
-        ProfileKind::Seed | ProfileKind::Capacity => Duration::from_secs(profiles.seed.warmup_s),
+        ProfileKind::Seed | ProfileKind::Capacity | ProfileKind::SlowDisk => {
+            Duration::from_secs(profiles.seed.warmup_s)
+        }
         _ => Duration::ZERO,
     };
     let opening = {
@@ -301,6 +317,9 @@ pub async fn run_one(
         ProfileKind::Watch => ProfileFindings::Watch(watch::run(&ctx, &profiles.watch).await?),
         ProfileKind::Failover => ProfileFindings::Failover(
             failover::run(&ctx, &profiles.failover, cluster.as_ref()).await?,
+        ),
+        ProfileKind::SlowDisk => ProfileFindings::SlowDisk(
+            slow_disk::run(&ctx, &profiles.slow_disk, &profiles.seed, cluster.as_ref()).await?,
         ),
     };
     if setup.progress {

@@ -263,6 +263,51 @@ async fn failover_sees_the_next_leader_after_a_crash_and_a_node_kill() {
     assert!(tables.contains("### Failover"), "{tables}");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn slow_disk_slows_only_the_leaders_syncs_and_every_request_is_still_answered() {
+    let tmp = tempfile::tempdir().unwrap();
+    let target = setup(TargetKind::Fencelock, None, tmp.path());
+    let mut profiles = tiny_profiles();
+    profiles.seed.duration_s = 6;
+    let delay_ms = profiles.slow_disk.sync_delay_ms;
+    let run = suite::run_one(&target, ProfileKind::SlowDisk, &profiles)
+        .await
+        .unwrap_or_else(|e| {
+            panic!("{e} (the `fencelock` binary is built by `cargo build --workspace`)")
+        });
+    let ProfileFindings::SlowDisk(f) = &run.findings else {
+        panic!("slow-disk findings expected");
+    };
+    // Every shard was led by the slowed node: its syncs are the leaders'.
+    let (led, shards) = f.led_at_start;
+    assert!(shards > 0 && led == shards, "{f:?}");
+    // The fault reached the node's syncs in the slow half only. (A few
+    // healthy syncs land in the slow half's counters: a node publishes its
+    // histograms once per tick, and the half is 3 s; so half the delay.)
+    let slow_sync = f
+        .slow
+        .slow_node_sync_mean_ms
+        .expect("the node serves metrics");
+    let healthy_sync = f
+        .healthy
+        .slow_node_sync_mean_ms
+        .expect("the node serves metrics");
+    assert!(slow_sync >= delay_ms as f64 / 2.0, "{f:?}");
+    assert!(healthy_sync < slow_sync, "{f:?}");
+    // With the leaders' disk slow, the followers' majority answers.
+    for phase in [&f.healthy, &f.slow] {
+        assert!(phase.lock_ops > 0 && phase.failed == 0, "{f:?}");
+    }
+    assert!(f.acquire_p99_ratio.is_some());
+    // The run's own summary is the slow half.
+    assert_eq!(
+        ok_count(&run, Op::Acquire) + ok_count(&run, Op::Renew) + ok_count(&run, Op::Release),
+        f.slow.lock_ops
+    );
+    let tables = suite_tables(run, tmp.path());
+    assert!(tables.contains("### Slow leader disk"), "{tables}");
+}
+
 #[tokio::test]
 async fn fencelock_only_profiles_refuse_etcd() {
     let tmp = tempfile::tempdir().unwrap();
@@ -271,7 +316,11 @@ async fn fencelock_only_profiles_refuse_etcd() {
         Some(vec!["127.0.0.1:1".to_owned()]),
         tmp.path(),
     );
-    for profile in [ProfileKind::Watch, ProfileKind::Failover] {
+    for profile in [
+        ProfileKind::Watch,
+        ProfileKind::Failover,
+        ProfileKind::SlowDisk,
+    ] {
         let result = suite::run_one(&target, profile, &tiny_profiles()).await;
         assert!(
             matches!(result, Err(BenchError::InvalidArgument(_))),

@@ -8,6 +8,7 @@
 //! node's earlier processes (before a restart) is carried over, so a
 //! node's figure covers the whole run.
 
+pub mod diskfault;
 pub mod procstat;
 
 use std::fs::File;
@@ -39,6 +40,9 @@ pub struct ClusterOptions {
     /// Entries between snapshots: fencelock's `snapshot_interval_entries`,
     /// etcd's `--snapshot-count`. `None` = the system's default.
     pub snapshot_entries: Option<u64>,
+    /// fencelock: the node (1-based) started with the disk-fault layer, so
+    /// that [`LocalCluster::set_sync_delay_ms`] can slow its syncs.
+    pub slow_disk_node: Option<usize>,
     pub keep: bool,
 }
 
@@ -63,6 +67,8 @@ pub struct LocalCluster {
     /// Whether the nodes serve Prometheus metrics (fencelock builds without
     /// the admin HTTP port do not).
     metrics: bool,
+    /// The disk-fault layer `slow_disk_node` runs with.
+    disk_fault_layer: Option<PathBuf>,
 }
 
 /// One node's resource use over the run.
@@ -168,10 +174,24 @@ impl LocalCluster {
             });
         }
         let metrics = options.kind == TargetKind::Etcd;
+        let disk_fault_layer = match options.slow_disk_node {
+            Some(id)
+                if options.kind != TargetKind::Fencelock || !(1..=LOCAL_NODES).contains(&id) =>
+            {
+                return Err(BenchError::InvalidArgument(format!(
+                    "a slow disk is for one of the {LOCAL_NODES} nodes of a fencelock cluster \
+                     (etcd does not sync through libc), not node {id} of {}",
+                    options.kind.name()
+                )));
+            }
+            Some(_) => Some(diskfault::build_layer(&options.dir)?),
+            None => None,
+        };
         let mut cluster = LocalCluster {
             options,
             nodes,
             metrics,
+            disk_fault_layer,
         };
         if cluster.options.kind == TargetKind::Fencelock {
             cluster.write_fencelock_configs(true)?;
@@ -189,6 +209,24 @@ impl LocalCluster {
 
     fn node_dir(&self, id: usize) -> PathBuf {
         self.options.dir.join(format!("node{id}"))
+    }
+
+    fn disk_fault_path(&self, id: usize) -> PathBuf {
+        self.options.dir.join(format!("node{id}.diskfault"))
+    }
+
+    /// Makes every sync of node `id` wait `delay_ms` first (0: no delay
+    /// again). Only the cluster's `slow_disk_node` can be slowed.
+    pub fn set_sync_delay_ms(&self, id: usize, delay_ms: u64) -> Result<(), BenchError> {
+        if self.disk_fault_layer.is_none() || self.options.slow_disk_node != Some(id) {
+            return Err(BenchError::InvalidArgument(format!(
+                "node {id} was not started with the disk-fault layer (slow_disk_node is {:?})",
+                self.options.slow_disk_node
+            )));
+        }
+        let path = self.disk_fault_path(id);
+        std::fs::write(&path, diskfault::control_text(delay_ms)?)
+            .map_err(|e| BenchError::io(&path, e))
     }
 
     /// Whether this `fencelock` accepts the written config (an older build
@@ -245,6 +283,14 @@ impl LocalCluster {
                     // Warnings only: logging every request would measure
                     // the logger.
                     .env("RUST_LOG", "warn");
+                if let (Some(layer), true) = (
+                    &self.disk_fault_layer,
+                    self.options.slow_disk_node == Some(id),
+                ) {
+                    command
+                        .env("LD_PRELOAD", layer)
+                        .env(diskfault::CONTROL_ENV, self.disk_fault_path(id));
+                }
             }
             TargetKind::Etcd => {
                 let initial: Vec<String> = self

@@ -25,7 +25,7 @@ use fencelock_api::v1::admin_service_client::AdminServiceClient;
 use fencelock_api::v1::lock_service_client::LockServiceClient;
 use fencelock_api::v1::{
     AcquireRequest, ErrorDetail, LeaseState, ListNodesRequest, ListShardsRequest, Reason,
-    ReleaseRequest, RenewRequest,
+    ReleaseRequest, RenewRequest, TransferLeaderRequest,
 };
 use fencelock_statemachine::{slot_of, ResourceName, SLOT_COUNT};
 use tonic::transport::Channel;
@@ -58,6 +58,8 @@ const PROBE_TTL_MS: u64 = 1_000;
 struct Routes {
     slot_shard: Vec<u64>,
     shard_endpoint: HashMap<u64, usize>,
+    /// Every shard the placement lists, led or not.
+    shards: usize,
 }
 
 struct Inner {
@@ -154,6 +156,7 @@ impl FencelockDriver {
             let mut routes = Routes {
                 slot_shard: vec![0; SLOT_COUNT as usize],
                 shard_endpoint: HashMap::new(),
+                shards: shards.shards.len(),
             };
             let mut all_led = true;
             for shard in &shards.shards {
@@ -496,6 +499,72 @@ impl FencelockDriver {
         let routes = self.inner.routes.read().unwrap_or_else(|e| e.into_inner());
         let shard = *routes.slot_shard.get(slot_of(&name) as usize)?;
         routes.shard_endpoint.get(&shard).copied()
+    }
+
+    /// The node id of endpoint `index`, from the admin API.
+    async fn node_id_of(&self, index: usize) -> Result<u64, String> {
+        let mut admin = self.inner.admin[index].clone();
+        let nodes = admin
+            .list_nodes(ListNodesRequest::default())
+            .await
+            .map_err(|e| e.message().to_owned())?
+            .into_inner();
+        let endpoint = &self.inner.endpoints[index];
+        nodes
+            .nodes
+            .iter()
+            .find(|n| host_port(&n.address) == endpoint)
+            .map(|n| n.node_id)
+            .ok_or_else(|| format!("no node has the address {endpoint}"))
+    }
+
+    /// Hands the leadership of every shard to the node of endpoint `index`
+    /// (through that node's admin API); returns how many shards it leads
+    /// after, and of how many. Routes are read again afterwards.
+    pub async fn lead_all_on(&self, index: usize) -> Result<(usize, usize), String> {
+        let node = self.node_id_of(index).await?;
+        let mut admin = self.inner.admin[index].clone();
+        let shards = admin
+            .list_shards(ListShardsRequest::default())
+            .await
+            .map_err(|e| e.message().to_owned())?
+            .into_inner()
+            .shards;
+        let mut failed = Vec::new();
+        for shard in shards.iter().filter(|s| s.leader_node_id != node) {
+            let moved = admin
+                .transfer_leader(TransferLeaderRequest {
+                    shard_id: shard.shard_id,
+                    to_node_id: node,
+                })
+                .await;
+            if let Err(e) = moved {
+                failed.push(format!("shard {}: {}", shard.shard_id, e.message()));
+            }
+        }
+        self.refresh_routes().await?;
+        if !failed.is_empty() {
+            return Err(format!(
+                "leadership not moved to node {node}: {}",
+                failed.join("; ")
+            ));
+        }
+        self.shards_led_by(index)
+            .await
+            .ok_or_else(|| "the placement could not be read".to_owned())
+    }
+
+    /// How many shards the node of endpoint `index` leads, and of how many,
+    /// read from the admin API now.
+    pub async fn shards_led_by(&self, index: usize) -> Option<(usize, usize)> {
+        self.refresh_routes().await.ok()?;
+        let routes = self.inner.routes.read().unwrap_or_else(|e| e.into_inner());
+        let led = routes
+            .shard_endpoint
+            .values()
+            .filter(|&&i| i == index)
+            .count();
+        Some((led, routes.shards))
     }
 
     pub async fn counters(&self) -> ServerCounters {

@@ -8,6 +8,7 @@ pub mod contended;
 pub mod failover;
 pub mod saturate;
 pub mod seed;
+pub mod slow_disk;
 pub mod watch;
 
 use std::sync::{Arc, Mutex};
@@ -44,6 +45,9 @@ pub enum ProfileKind {
     /// fencelock only: elections whose leader crashes, and whose shard's
     /// leader node is killed; time until the next leader is seen.
     Failover,
+    /// fencelock only: `seed` with every shard led by one node, healthy,
+    /// then with that node's syncs slowed (200 ms each).
+    SlowDisk,
 }
 
 impl ProfileKind {
@@ -55,14 +59,26 @@ impl ProfileKind {
             ProfileKind::Capacity => "capacity",
             ProfileKind::Watch => "watch",
             ProfileKind::Failover => "failover",
+            ProfileKind::SlowDisk => "slow-disk",
         }
     }
 
     /// Profiles of APIs etcd has no counterpart of in the harness (watch
     /// streams of one lock's grants and releases, elections on a fenced
-    /// lock): run against fencelock only.
+    /// lock), and the slow disk (etcd, a Go program, syncs without libc,
+    /// where the disk-fault layer cannot reach): run against fencelock
+    /// only.
     pub fn fencelock_only(self) -> bool {
-        matches!(self, ProfileKind::Watch | ProfileKind::Failover)
+        matches!(
+            self,
+            ProfileKind::Watch | ProfileKind::Failover | ProfileKind::SlowDisk
+        )
+    }
+
+    /// Profiles that kill a node or slow its disk: they need a local
+    /// cluster of this run's processes.
+    pub fn needs_local_cluster(self) -> bool {
+        matches!(self, ProfileKind::Capacity | ProfileKind::SlowDisk)
     }
 }
 
@@ -79,9 +95,17 @@ pub struct RunContext {
     pub in_flight: Arc<tokio::sync::Semaphore>,
     /// Print a progress line while running.
     pub progress: bool,
+    /// CPU seconds the target's nodes have used so far, summed (`None`:
+    /// the nodes are not this run's processes). For figures per step.
+    pub server_cpu_s: Option<Arc<dyn Fn() -> f64 + Send + Sync>>,
 }
 
 impl RunContext {
+    /// The target's CPU seconds now, if known.
+    pub fn server_cpu_now(&self) -> Option<f64> {
+        self.server_cpu_s.as_ref().map(|f| f())
+    }
+
     pub fn new(
         backend: Backend,
         endpoints: Vec<String>,
@@ -95,6 +119,7 @@ impl RunContext {
             op_timeout,
             in_flight: Arc::new(tokio::sync::Semaphore::new(max_in_flight.max(1))),
             progress: false,
+            server_cpu_s: None,
         }
     }
 }
@@ -108,6 +133,7 @@ pub enum ProfileFindings {
     Saturate(saturate::SaturateFindings),
     Watch(watch::WatchFindings),
     Failover(failover::FailoverFindings),
+    SlowDisk(slow_disk::SlowDiskFindings),
 }
 
 /// Resources not held by the benchmark, to pick uncontended acquires from.

@@ -108,6 +108,11 @@ pub struct Step {
     pub release_p99_ms: f64,
     pub failed: u64,
     pub held: bool,
+    /// Successful lock operations (acquires and releases) in the step.
+    pub lock_ops: u64,
+    /// The nodes' CPU time over the step per successful lock operation,
+    /// µs, summed over the nodes (`None`: not this run's processes).
+    pub server_cpu_us_per_lock_op: Option<f64>,
 }
 
 #[derive(Clone, Debug, Default, Serialize)]
@@ -213,6 +218,7 @@ async fn run_closed(
     let mut clients = config.start_clients.max(1);
     for _ in 0..config.max_steps {
         let step_recorder = Arc::new(Recorder::new());
+        let cpu_before = ctx.server_cpu_now();
         let start = Instant::now();
         let end = start + Duration::from_secs(config.step_s);
         let mut tasks = tokio::task::JoinSet::new();
@@ -230,6 +236,7 @@ async fn run_closed(
         // and failures only (rate 0).
         let mut step = judge(config, &step_recorder, start, 0.0);
         step.offered_per_s = step.delivered_per_s;
+        step.server_cpu_us_per_lock_op = cpu_per_op(cpu_before, ctx.server_cpu_now(), &step);
         if ctx.progress {
             eprintln!(
                 "saturate (closed, {clients} callers): {:.0} ops/s, acquire p99 {:.1} ms -> {}",
@@ -298,7 +305,8 @@ fn judge(config: &SaturateConfig, step_recorder: &Recorder, start: Instant, rate
     };
     let total: u64 = summary.ops.values().map(|s| s.total).sum();
     let failed = summary.failed();
-    let delivered_per_s = (ok(acquire) + ok(release)) as f64 / elapsed_s;
+    let lock_ops = ok(acquire) + ok(release);
+    let delivered_per_s = lock_ops as f64 / elapsed_s;
     let acquire_p99_ms = acquire.map_or(f64::INFINITY, |s| s.p99_ms);
     let held = acquire_p99_ms <= config.p99_bound_ms
         && (failed as f64) <= MAX_FAILED_RATIO * total.max(1) as f64
@@ -311,7 +319,16 @@ fn judge(config: &SaturateConfig, step_recorder: &Recorder, start: Instant, rate
         release_p99_ms: release.map_or(0.0, |s| s.p99_ms),
         failed,
         held,
+        lock_ops,
+        server_cpu_us_per_lock_op: None,
     }
+}
+
+/// CPU µs per successful lock operation of `step`, from the nodes' CPU
+/// seconds at its start and end.
+fn cpu_per_op(before: Option<f64>, after: Option<f64>, step: &Step) -> Option<f64> {
+    let (before, after) = (before?, after?);
+    (step.lock_ops > 0).then(|| (after - before).max(0.0) * 1e6 / step.lock_ops as f64)
 }
 
 /// Offers `rate` lock ops/s for one step; the step's measurements also go
@@ -323,6 +340,7 @@ async fn run_step(
     rate: f64,
 ) -> Result<Step, BenchError> {
     let step_recorder = Arc::new(Recorder::new());
+    let cpu_before = ctx.server_cpu_now();
     let start = Instant::now();
     let end = start + Duration::from_secs(config.step_s);
     // Each pair is two operations.
@@ -349,7 +367,8 @@ async fn run_step(
     if let Some(p) = progress {
         p.abort();
     }
-    let step = judge(config, &step_recorder, start, rate);
+    let mut step = judge(config, &step_recorder, start, rate);
+    step.server_cpu_us_per_lock_op = cpu_per_op(cpu_before, ctx.server_cpu_now(), &step);
     let held = step.held;
     if ctx.progress {
         eprintln!(
@@ -377,7 +396,19 @@ mod tests {
             release_p99_ms: 1.0,
             failed: 0,
             held,
+            lock_ops: rate as u64,
+            server_cpu_us_per_lock_op: None,
         }
+    }
+
+    #[test]
+    fn a_steps_cpu_per_op_is_the_nodes_cpu_over_its_successful_ops() {
+        let s = step(400.0, true);
+        let per_op = cpu_per_op(Some(10.0), Some(10.02), &s).unwrap();
+        assert!((per_op - 50.0).abs() < 1e-6, "{per_op}");
+        assert_eq!(cpu_per_op(None, Some(1.0), &s), None);
+        let idle = Step { lock_ops: 0, ..s };
+        assert_eq!(cpu_per_op(Some(1.0), Some(2.0), &idle), None);
     }
 
     /// Runs the search against a target whose outcome at each call is

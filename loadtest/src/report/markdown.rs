@@ -6,6 +6,7 @@ use super::Report;
 use crate::driver::TargetKind;
 use crate::outcome::{Op, Outcome};
 use crate::profile::failover::{FailoverFindings, FailoverRep, Spread};
+use crate::profile::slow_disk::SlowDiskFindings;
 use crate::profile::watch::WatchFindings;
 use crate::profile::ProfileFindings;
 use crate::suite::RunResult;
@@ -167,6 +168,7 @@ pub fn render(report: &Report) -> String {
             }
             ProfileFindings::Watch(f) => watch_tables(&mut out, run, f),
             ProfileFindings::Failover(f) => failover_table(&mut out, run, f),
+            ProfileFindings::SlowDisk(f) => slow_disk_table(&mut out, run, f),
             ProfileFindings::Saturate(_) | ProfileFindings::Seed(_) => {}
         }
     }
@@ -177,13 +179,13 @@ pub fn render(report: &Report) -> String {
         .filter(|r| matches!(r.findings, ProfileFindings::Saturate(_)))
         .collect();
     if !saturations.is_empty() {
-        out.push_str("\n### Saturate: steps\n\n| target | offered ops/s | delivered ops/s | acquire p50 ms | acquire p99 ms | release p99 ms | failed | held |\n|---|---:|---:|---:|---:|---:|---:|---|\n");
+        out.push_str("\n### Saturate: steps\n\n| target | offered ops/s | delivered ops/s | acquire p50 ms | acquire p99 ms | release p99 ms | failed | held | server CPU µs per lock op |\n|---|---:|---:|---:|---:|---:|---:|---|---:|\n");
         for run in &saturations {
             if let ProfileFindings::Saturate(f) = &run.findings {
                 for s in &f.steps {
                     let _ = writeln!(
                         out,
-                        "| {} | {:.0} | {:.0} | {:.2} | {} | {:.2} | {} | {} |",
+                        "| {} | {:.0} | {:.0} | {:.2} | {} | {:.2} | {} | {} | {} |",
                         run.target.name(),
                         s.offered_per_s,
                         s.delivered_per_s,
@@ -191,7 +193,8 @@ pub fn render(report: &Report) -> String {
                         opt(Some(s.acquire_p99_ms), 2),
                         s.release_p99_ms,
                         s.failed,
-                        if s.held { "yes" } else { "**no**" }
+                        if s.held { "yes" } else { "**no**" },
+                        opt(s.server_cpu_us_per_lock_op, 1)
                     );
                 }
             }
@@ -278,6 +281,40 @@ fn watch_tables(out: &mut String, run: &RunResult, f: &WatchFindings) {
         opt(delivery.map(|d| d.p99_ms), 2),
         opt(delivery.map(|d| d.p999_ms), 2),
         opt(delivery.map(|d| d.max_ms), 2)
+    );
+}
+
+fn slow_disk_table(out: &mut String, run: &RunResult, f: &SlowDiskFindings) {
+    let led =
+        |l: Option<(usize, usize)>| l.map_or_else(|| "n/a".to_owned(), |(a, b)| format!("{a}/{b}"));
+    let _ = writeln!(
+        out,
+        "\n### Slow leader disk ({})\n\nEvery shard led by node {} (shards led at start / end: {} / {}); from the window's midpoint each of its syncs waits {} ms. The `slow-disk` row of the latency table is the slow half.\n\n| half | s | lock ops | failed | acquire p50 ms | acquire p99 ms | acquire p99.9 ms | release p99 ms | node {}'s mean sync ms |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        run.target.name(),
+        f.slow_node,
+        led(Some(f.led_at_start)),
+        led(f.led_at_end),
+        f.sync_delay_ms,
+        f.slow_node,
+    );
+    for (name, p) in [("healthy", &f.healthy), ("slow", &f.slow)] {
+        let _ = writeln!(
+            out,
+            "| {name} | {:.0} | {} | {} | {} | {} | {} | {} | {} |",
+            p.window_s,
+            p.lock_ops,
+            p.failed,
+            opt(p.acquire_p50_ms, 2),
+            opt(p.acquire_p99_ms, 2),
+            opt(p.acquire_p999_ms, 2),
+            opt(p.release_p99_ms, 2),
+            opt(p.slow_node_sync_mean_ms, 1),
+        );
+    }
+    let _ = writeln!(
+        out,
+        "\nacquire p99, slow / healthy: **{}** (target ≤ 2)",
+        opt(f.acquire_p99_ratio, 2)
     );
 }
 
