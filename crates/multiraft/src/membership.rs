@@ -174,6 +174,7 @@ impl Store {
                 term_start_index: 0,
                 last_stamp: None,
                 needs_leader_changed: false,
+                leadership_taken_up: false,
                 leader_changed_at: None,
                 tick_in_flight: None,
                 applied_index: applied,

@@ -67,7 +67,7 @@ impl Store {
             let mut rd = peer.raw.ready();
             if let Some(ss) = rd.ss() {
                 let role = ss.raft_state;
-                if role == StateRole::Leader && peer.clock.is_none() {
+                if role == StateRole::Leader && !peer.leadership_taken_up {
                     self.obs.metrics.leader_changes.inc();
                 }
                 on_role_change(peer, role);

@@ -123,7 +123,7 @@ pub(crate) fn start_from_wall_clock(peer: &mut Peer, time: &dyn Clock) {
 /// Whether a leader without a lease clock has applied every entry of the
 /// terms before its own, so its clock may start.
 pub(crate) fn may_start_lease_clock(peer: &Peer) -> bool {
-    peer.is_leader() && peer.applied_index + 1 >= peer.term_start_index
+    peer.is_leader() && peer.leadership_taken_up && peer.applied_index + 1 >= peer.term_start_index
 }
 
 /// Starts a leader's lease clock (see [`lease_clock_start`]). Called once
@@ -197,6 +197,11 @@ pub(crate) struct Peer {
     pub(crate) last_stamp: Option<(u64, Instant)>,
     /// Propose `LeaderChanged` at the next flush.
     pub(crate) needs_leader_changed: bool,
+    /// This replica has taken up its leadership ([`on_role_change`] ran
+    /// for it). raft-rs is leader from the moment it counts the votes,
+    /// before the ready that says so is processed; until then the lease
+    /// clock must not start (see [`may_start_lease_clock`]).
+    pub(crate) leadership_taken_up: bool,
     /// When this leader last proposed its `LeaderChanged` entry: if it has
     /// not applied within the proposal timeout (dropped during a leadership
     /// transfer, say), it is proposed again rather than leaving the shard
@@ -332,12 +337,24 @@ pub(crate) fn on_role_change(peer: &mut Peer, role: StateRole) {
     if role == StateRole::Leader {
         // The lease clock waits until the entries of earlier terms are
         // applied (`start_lease_clock`): only then is the last applied
-        // entry the last leader's, whose leases this one inherits.
+        // entry the last leader's, whose leases this one inherits. Paired
+        // with `may_start_lease_clock`, which waits for this call: raft-rs
+        // is leader as soon as it counts the votes, an iteration's tick
+        // and proposals run before its ready says so, and a clock started
+        // there would skip the wait (`term_start_index` still the last
+        // term's).
+        debug_assert!(
+            peer.clock.is_none(),
+            "shard {}: a lease clock started before the leadership was taken up",
+            peer.shard_id
+        );
         peer.clock = None;
         peer.term_start_index = peer.raw.raft.raft_log.last_index();
         peer.needs_leader_changed = true;
+        peer.leadership_taken_up = true;
         return;
     }
+    peer.leadership_taken_up = false;
     peer.clock = None;
     peer.term_start_index = 0;
     peer.hot.clear();
