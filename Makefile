@@ -75,6 +75,21 @@ bench: deps
 		--work-dir $(BENCH_OUT)/clusters \
 		--fencelock-bin $(CARGO_TARGET_DIR)/release/fencelock $(BENCH_ARGS)
 
+# Where the nodes' CPU goes under load, by part (gRPC, Raft, RocksDB, the
+# state machine, the kernel's network path, ...): a `perf` profile of the
+# three release nodes at PROFILE_RATE lock ops/s, written to
+# $(BENCH_OUT)/profile/profile.md (docs/benchmarks.md, "Where the CPU goes").
+# Needs root and Debian's linux-perf (installed when missing).
+PROFILE_RATE ?= 20000
+PROFILE_SECS ?= 30
+.PHONY: bench-profile
+bench-profile: deps
+	@command -v perf >/dev/null || (echo "installing linux-perf" && apt-get install -y linux-perf)
+	$(CARGO) build --locked --release --workspace
+	loadtest/scripts/cpu_profile.py --bench $(CARGO_TARGET_DIR)/release/fencelock-bench \
+		--fencelock $(CARGO_TARGET_DIR)/release/fencelock --rate $(PROFILE_RATE) \
+		--seconds $(PROFILE_SECS) --out $(BENCH_OUT)/profile
+
 bench-smoke: deps
 	$(CARGO) build --locked --workspace --all-targets
 	$(CARGO) test --locked -p fencelock-bench
