@@ -442,7 +442,23 @@ async fn run(cli: Cli) -> Result<(), BenchError> {
             }
             None => None,
         };
-        let mut result = suite::run_one(&setup, profile, &profiles).await?;
+        let mut result = match suite::run_one(&setup, profile, &profiles).await {
+            // A local cluster that did not come up (a node exited at
+            // start: a port taken between choosing and binding it, say) is
+            // started once more on new ports rather than ending a run of
+            // many profiles; a second failure ends it.
+            Err(e @ (BenchError::Cluster(_) | BenchError::NotReady { .. }))
+                if setup.endpoints.is_none() =>
+            {
+                eprintln!(
+                    "{} / {}: {e}; starting a fresh cluster once more",
+                    setup.kind.name(),
+                    profile.name()
+                );
+                suite::run_one(&setup, profile, &profiles).await?
+            }
+            other => other?,
+        };
         result.order = place.map(|job| RunOrder {
             repeat: job.repeat,
             position: job.position,

@@ -24,6 +24,8 @@ use procstat::ProcSample;
 
 /// Nodes of a local cluster: the brief's three replicas.
 pub const LOCAL_NODES: usize = 3;
+/// Lines of a node's log quoted when it exited unexpectedly.
+const LOG_TAIL_LINES: usize = 20;
 /// How long a node gets to exit after SIGTERM before SIGKILL.
 const STOP_GRACE_MS: u64 = 10_000;
 
@@ -383,13 +385,16 @@ impl LocalCluster {
         for node in &mut self.nodes {
             if let Some(child) = node.child.as_mut() {
                 if let Ok(Some(status)) = child.try_wait() {
+                    // The log's tail goes in the error: the directory is
+                    // deleted with the cluster unless --keep-data.
+                    let log = self.options.dir.join(format!("node{}.log", node.id));
+                    let text = std::fs::read_to_string(&log).unwrap_or_default();
+                    let lines: Vec<&str> = text.lines().collect();
+                    let tail = lines[lines.len().saturating_sub(LOG_TAIL_LINES)..].join("\n");
                     return Err(BenchError::Cluster(format!(
-                        "node {} exited ({status}); see {}",
+                        "node {} exited ({status}); the end of {}:\n{tail}",
                         node.id,
-                        self.options
-                            .dir
-                            .join(format!("node{}.log", node.id))
-                            .display()
+                        log.display()
                     )));
                 }
             }
