@@ -70,6 +70,16 @@ fn setup(
     }
 }
 
+/// Runs `profile` on a fresh local cluster of `fencelock` processes (the
+/// debug binary `cargo build --workspace` puts beside the test).
+async fn run_local(target: &TargetSetup, profile: ProfileKind, profiles: &Profiles) -> RunResult {
+    suite::run_one(target, profile, profiles)
+        .await
+        .unwrap_or_else(|e| {
+            panic!("{e} (the `fencelock` binary is built by `cargo build --workspace`)")
+        })
+}
+
 fn free_addr() -> String {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     listener.local_addr().unwrap().to_string()
@@ -168,11 +178,7 @@ async fn capacity_kills_and_restarts_a_node_process_of_a_local_cluster() {
     let target = setup(TargetKind::Fencelock, None, tmp.path());
     let mut profiles = tiny_profiles();
     profiles.seed.duration_s = 6;
-    let run = suite::run_one(&target, ProfileKind::Capacity, &profiles)
-        .await
-        .unwrap_or_else(|e| {
-            panic!("{e} (the `fencelock` binary is built by `cargo build --workspace`)")
-        });
+    let run = run_local(&target, ProfileKind::Capacity, &profiles).await;
     let ProfileFindings::Seed(findings) = &run.findings else {
         panic!("seed findings expected");
     };
@@ -241,11 +247,7 @@ async fn watch_delivers_every_change_to_every_watcher_of_a_real_cluster() {
 async fn failover_sees_the_next_leader_after_a_crash_and_a_node_kill() {
     let tmp = tempfile::tempdir().unwrap();
     let target = setup(TargetKind::Fencelock, None, tmp.path());
-    let run = suite::run_one(&target, ProfileKind::Failover, &tiny_profiles())
-        .await
-        .unwrap_or_else(|e| {
-            panic!("{e} (the `fencelock` binary is built by `cargo build --workspace`)")
-        });
+    let run = run_local(&target, ProfileKind::Failover, &tiny_profiles()).await;
     let ProfileFindings::Failover(f) = &run.findings else {
         panic!("failover findings expected");
     };
@@ -270,11 +272,7 @@ async fn slow_disk_slows_only_the_leaders_syncs_and_every_request_is_still_answe
     let mut profiles = tiny_profiles();
     profiles.seed.duration_s = 6;
     let delay_ms = profiles.slow_disk.sync_delay_ms;
-    let run = suite::run_one(&target, ProfileKind::SlowDisk, &profiles)
-        .await
-        .unwrap_or_else(|e| {
-            panic!("{e} (the `fencelock` binary is built by `cargo build --workspace`)")
-        });
+    let run = run_local(&target, ProfileKind::SlowDisk, &profiles).await;
     let ProfileFindings::SlowDisk(f) = &run.findings else {
         panic!("slow-disk findings expected");
     };
