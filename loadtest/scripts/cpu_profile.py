@@ -38,7 +38,7 @@ PARTS = [
     ("kernel: disk and file system", r"^\[k\] .*(ext4|jbd2|blk_|bio_|submit_bio|filemap|iomap|file_write|vfs_fsync|writeback|page_cache)"),
     ("kernel: scheduling, futex, epoll", r"^\[k\] .*(futex|schedule|sched_|epoll|ep_|wake_up|try_to_wake|finish_task|pick_next|enqueue|dequeue|hrtimer|timerfd)"),
     ("kernel: other (syscall entry, memory, ...)", r"^\[k\] "),
-    ("RocksDB", r"rocksdb::|librocksdb|rocksdb_|crc32c|Snappy|LZ4"),
+    ("RocksDB", r"rocksdb::|rocksdb_|crc32c|Snappy|LZ4"),
     ("raft-rs", r"\braft::|raft_proto::|protobuf::"),
     ("gRPC and HTTP/2 (tonic, h2, hyper, tower, prost)", r"\btonic::|\baxum::|\bh2::|\bhyper::|hyper_util::|\btower::|\bprost::|\bhttp::|http_body|bytes::"),
     ("TLS", r"rustls::|ring::|aws_lc"),
@@ -84,9 +84,8 @@ def parse_report(text):
 
 def group(rows):
     totals = {}
-    for percent, dso, kind, symbol in rows:
-        # The DSO decides for C++ RocksDB code inlined under odd names.
-        name = part_of(kind, f"{dso} {symbol}" if "rocksdb" in dso else symbol)
+    for percent, _dso, kind, symbol in rows:
+        name = part_of(kind, symbol)
         totals[name] = totals.get(name, 0.0) + percent
     return sorted(totals.items(), key=lambda kv: -kv[1])
 

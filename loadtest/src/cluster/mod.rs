@@ -220,7 +220,8 @@ impl LocalCluster {
     /// Makes every sync of node `id` wait `delay_ms` first (0: no delay
     /// again). Only the cluster's `slow_disk_node` can be slowed.
     pub fn set_sync_delay_ms(&self, id: usize, delay_ms: u64) -> Result<(), BenchError> {
-        if self.disk_fault_layer.is_none() || self.options.slow_disk_node != Some(id) {
+        // `start` built the layer exactly when `slow_disk_node` is set.
+        if self.options.slow_disk_node != Some(id) {
             return Err(BenchError::InvalidArgument(format!(
                 "node {id} was not started with the disk-fault layer (slow_disk_node is {:?})",
                 self.options.slow_disk_node
