@@ -12,7 +12,7 @@
 //! map.
 
 use fencelock_placement::{PlacementCommand, PlacementMap};
-use fencelock_statemachine::{Command, LockTable};
+use fencelock_statemachine::{Command, FrozenTable, LockTable};
 
 /// Payload of lock commands.
 const PAYLOAD_LOCKS: u8 = 1;
@@ -143,7 +143,13 @@ fn decode_commands(rest: &mut &[u8], n: usize) -> Result<Vec<Command>, String> {
 
 /// A shard replica's state as snapshot data.
 pub fn encode_state(table: &LockTable, placement: Option<&PlacementMap>) -> Vec<u8> {
-    let locks = table.snapshot();
+    encode_frozen_state(&table.freeze(), placement)
+}
+
+/// [`encode_state`] of a table frozen earlier ([`LockTable::freeze`]): what
+/// the store's snapshot thread runs while the table goes on changing.
+pub fn encode_frozen_state(table: &FrozenTable, placement: Option<&PlacementMap>) -> Vec<u8> {
+    let locks = table.encode();
     let mut out = Vec::with_capacity(16 + locks.len());
     out.extend_from_slice(STATE_MAGIC);
     out.push(STATE_VERSION);

@@ -88,7 +88,8 @@ pub use msg::{
 };
 pub use observe::Observers;
 pub use payload::{
-    decode_payload, decode_state, encode_payload, encode_payload_at_epoch, encode_state, Payload,
+    decode_payload, decode_state, encode_frozen_state, encode_payload, encode_payload_at_epoch,
+    encode_state, Payload,
 };
 pub use replica::ShardStatus;
 #[cfg(feature = "simulation")]

@@ -180,6 +180,7 @@ impl Store {
                 applied_index: applied,
                 applied_term,
                 last_snapshot_index: applied,
+                snapshot_in_flight: None,
                 last_snapshot_bytes: snapshot_bytes,
                 snapshots_installed: 0,
                 leaderless_since: None,

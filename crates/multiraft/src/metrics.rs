@@ -149,7 +149,7 @@ impl StoreHandles {
         snapshot_seconds: histogram(
             r,
             "fencelock_store_snapshot_duration_seconds",
-            "Time the store loop spent encoding and staging one shard's state-machine snapshot.",
+            "Time one shard's state-machine snapshot took to encode, on the snapshot thread (off the store loop).",
             RAFT_BUCKETS_SECONDS,
         ),
         propose_commit_seconds: histogram(

@@ -11,7 +11,7 @@ use raft::{GetEntriesContext, StateRole};
 
 use crate::apply::{apply_entries, serve_reads, u64_from_ctx};
 use crate::replica::{on_role_change, Peer};
-use crate::snapshot::{snapshot_wanted, take_snapshot};
+use crate::snapshot::{snapshot_wanted, start_snapshot, Encoder};
 use crate::store::Store;
 use crate::write::{InFlight, StagedReady, WriteDone};
 use crate::{decode_state, observe, Envelope};
@@ -137,7 +137,7 @@ impl Store {
                 peer,
                 self.config.raft.snapshot_interval_entries,
                 &mut self.deferred,
-                &mut obs,
+                &mut self.snapshots,
             );
         }
         self.obs.metrics.snapshots_sent.inc_by(snapshots_sent);
@@ -275,13 +275,8 @@ impl Store {
 /// After an apply pass: raft-rs learns the applied index, the applied
 /// index is staged (informational on disk: a restart replays from the
 /// snapshot, but it tells operators and tools how far each replica had
-/// applied), reads are served, and a snapshot is taken when due.
-fn after_apply(
-    peer: &mut Peer,
-    interval: u64,
-    batch: &mut WriteBatch,
-    obs: &mut observe::ApplyObs<'_>,
-) {
+/// applied), reads are served, and a snapshot is started when due.
+fn after_apply(peer: &mut Peer, interval: u64, batch: &mut WriteBatch, encoder: &mut Encoder) {
     tell_raft_applied(peer);
     let applied = peer.applied_index;
     if applied > peer.raw.store().applied_index() {
@@ -290,24 +285,21 @@ fn after_apply(
     }
     serve_reads(peer);
     // raft-rs asked for a snapshot newer than the saved one (a replica was
-    // added since): take one at the applied index.
-    let requested = peer.raw.store().take_snapshot_request();
-    let force = requested.is_some_and(|i| peer.applied_index >= i);
-    if requested.is_some() && !force {
-        // Not applied that far yet: ask again next time.
-        peer.raw.store().request_snapshot(requested.unwrap_or(0));
+    // added since): take one at the applied index, unless the one being
+    // encoded already covers it.
+    let mut force = false;
+    if let Some(wanted) = peer.raw.store().take_snapshot_request() {
+        let in_flight = peer.snapshot_in_flight.map(|f| f.index);
+        if in_flight.is_none() && peer.applied_index >= wanted {
+            force = true;
+        } else if in_flight.is_none_or(|index| index < wanted) {
+            // Not applied that far yet, or the one in flight is older:
+            // ask again next time.
+            peer.raw.store().request_snapshot(wanted);
+        }
     }
     if snapshot_wanted(peer, interval, force) {
-        // Timed only when taken: this runs per shard per iteration.
-        let started = obs.clock.now();
-        take_snapshot(peer, interval, batch);
-        obs.metrics.snapshots_taken.inc();
-        obs.metrics.snapshot_seconds.observe(
-            obs.clock
-                .now()
-                .saturating_duration_since(started)
-                .as_secs_f64(),
-        );
+        start_snapshot(peer, encoder);
     }
 }
 

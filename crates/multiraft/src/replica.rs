@@ -211,6 +211,8 @@ pub(crate) struct Peer {
     pub(crate) applied_index: u64,
     pub(crate) applied_term: u64,
     pub(crate) last_snapshot_index: u64,
+    /// The snapshot being encoded on the snapshot thread, if any.
+    pub(crate) snapshot_in_flight: Option<crate::snapshot::SnapshotInFlight>,
     /// Size of the latest snapshot's data: the saved one the replica
     /// started from, or the last it took or installed.
     pub(crate) last_snapshot_bytes: u64,

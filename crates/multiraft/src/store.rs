@@ -50,6 +50,8 @@ pub struct Store {
     pub(crate) deferred: WriteBatch,
     /// The write path: what is in flight and what waits for it.
     pub(crate) writes: crate::write::Writes,
+    /// The snapshot thread: tables frozen on the loop, encoded off it.
+    pub(crate) snapshots: crate::snapshot::Encoder,
     /// Metrics (thread-local, flushed per tick) and the audit sink.
     pub(crate) obs: Observers,
     /// A deliberate bug, armed only by the simulation's broken-variant test.
@@ -169,6 +171,7 @@ impl Store {
         let writes = crate::write::Writes::new(write_mode, engine.clone(), node_id);
         let mut store = Store {
             writes,
+            snapshots: crate::snapshot::Encoder::new(write_mode, node_id),
             node_id,
             router,
             config,
@@ -205,6 +208,7 @@ impl Store {
         // When the previous iteration ended.
         let mut last_step_end = std::time::Instant::now();
         let landed = self.writes.done_rx.clone();
+        let encoded = self.snapshots.done_rx.clone();
         loop {
             let mut ticked = false;
             crossbeam_channel::select! {
@@ -218,6 +222,11 @@ impl Store {
                 recv(landed) -> done => match done {
                     Ok(done) => self.on_write_landed(done),
                     Err(_) => panic!("fencelock: the writer thread is gone; stopping the node"),
+                },
+                // A snapshot was encoded: it joins the next batch.
+                recv(encoded) -> done => match done {
+                    Ok(done) => self.on_snapshot_encoded(done),
+                    Err(_) => panic!("fencelock: the snapshot thread is gone; stopping the node"),
                 },
             }
             let mut stop = false;
@@ -275,6 +284,7 @@ impl Store {
         // shard leader (it then proposes its LeaderChanged entry).
         for _ in 0..MAX_ROUNDS_PER_STEP {
             let landed = self.collect_writes();
+            let encoded = self.collect_snapshots();
             // Back-pressure: a slow disk stops the loop here rather than
             // let the next batch grow without bound; its inbox fills and
             // callers are refused SERVER_BUSY.
@@ -288,7 +298,7 @@ impl Store {
             self.flush_proposals();
             let readied = self.process_readies();
             let handed = self.hand_over_write();
-            if !landed && !readied && !handed {
+            if !landed && !encoded && !readied && !handed {
                 break;
             }
         }

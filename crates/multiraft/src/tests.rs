@@ -309,14 +309,16 @@ fn a_learner_is_sent_the_snapshot_a_ready_less_iteration_wrote() {
         node.propose_entry();
     }
     // An iteration's first round only: entries until one of them makes the
-    // shard save a snapshot (staged into the deferred batch, with a
-    // compaction behind it).
+    // shard take a snapshot (frozen, encoded at once in this mode, and
+    // staged into the deferred batch with a compaction behind it when
+    // collected).
     let before = node.data().last_snapshot_index;
     for _ in 0..20 {
         node.store.handle(OneNode::entry());
         node.store.collect_writes();
         node.store.flush_proposals();
         assert!(node.store.process_readies(), "the entry made a ready");
+        node.store.collect_snapshots();
         if node.data().last_snapshot_index > before {
             break;
         }
@@ -536,4 +538,141 @@ fn a_stalled_disk_fills_the_inbox_instead_of_memory_and_everything_is_answered_a
     }
     let _ = tx.send(StoreMsg::Shutdown);
     looping.join().expect("the loop stops cleanly");
+}
+
+impl OneNode {
+    /// An acquire of a resource of its own on the data shard: each one
+    /// adds a record and a remembered acquire to the table.
+    fn acquire_entry(i: u32) -> StoreMsg {
+        let (tx, _rx) = oneshot::channel();
+        StoreMsg::Propose {
+            shard_id: DATA_SHARD,
+            command: Command::Acquire {
+                resource: ResourceName::parse(&format!("unit/r{i}")).expect("valid"),
+                owner: Owner::anonymous(),
+                request_id: fencelock_statemachine::RequestId::new(format!("q{i}")).expect("ok"),
+                lease_id: LeaseId([(i % 250) as u8 + 1; 16]),
+                lease_ttl_ms: 60_000,
+                wait_timeout_ms: 0,
+                value: Default::default(),
+                mode: Default::default(),
+            },
+            responder: Responder::Reply(tx),
+            caller: None,
+        }
+    }
+
+    /// One round of an iteration that leaves encoded snapshots where the
+    /// snapshot thread put them (as if it were still encoding).
+    fn round_without_snapshots(&mut self) {
+        self.store.collect_writes();
+        self.store.flush_proposals();
+        self.store.process_readies();
+        self.store.hand_over_write();
+        self.store.collect_writes();
+    }
+
+    /// Acquires until the data shard starts a snapshot; returns the bytes
+    /// its table encoded to at that moment.
+    fn until_a_snapshot_starts(&mut self, first: u32) -> Vec<u8> {
+        for i in first..first + 40 {
+            self.store.handle(OneNode::acquire_entry(i));
+            for _ in 0..4 {
+                self.round_without_snapshots();
+                if self.data().snapshot_in_flight.is_some() {
+                    return self.data().table.snapshot();
+                }
+            }
+        }
+        panic!("no snapshot started in 40 entries (interval 10)");
+    }
+}
+
+/// Issue 19, item 3: the loop freezes the table and goes on; the bytes
+/// saved when the encoding comes back are the table as it was frozen, not
+/// as it is by then, and one snapshot per replica is in flight at a time.
+#[test]
+fn a_snapshot_encoded_off_the_loop_saves_the_table_as_it_was_frozen() {
+    let mut node = OneNode::start();
+    let before = node.data().last_snapshot_index;
+    let at_freeze = node.until_a_snapshot_starts(0);
+    let in_flight = node.data().snapshot_in_flight.expect("started");
+    // The table moves on, past another interval, while it is encoded.
+    for i in 100..125 {
+        node.store.handle(OneNode::acquire_entry(i));
+        node.round_without_snapshots();
+    }
+    assert!(node.data().applied_index > in_flight.index + 10);
+    assert_eq!(
+        node.data().snapshot_in_flight,
+        Some(in_flight),
+        "one at a time"
+    );
+    assert_eq!(node.data().last_snapshot_index, before, "nothing saved yet");
+    assert!(node.store.collect_snapshots());
+    assert_eq!(node.data().last_snapshot_index, in_flight.index);
+    assert_eq!(node.data().snapshot_in_flight, None);
+    node.store.flush_deferred();
+    let saved = (node.data().raw.store().state_machine_snapshot())
+        .expect("readable")
+        .expect("a snapshot");
+    assert_eq!(saved.get_metadata().index, in_flight.index);
+    let (table, _) = decode_state(saved.get_data()).expect("decodes");
+    assert_eq!(table.snapshot(), at_freeze, "the table as frozen");
+    assert_ne!(
+        node.data().table.snapshot(),
+        at_freeze,
+        "the table moved on"
+    );
+    // And the next one starts at once: it was due long ago.
+    node.store.handle(OneNode::acquire_entry(200));
+    node.round_without_snapshots();
+    assert!(node.data().snapshot_in_flight.is_some());
+}
+
+/// An encoding that comes back to a replica created anew since (its
+/// predecessor's bytes), or after a newer snapshot was staged meanwhile
+/// (a leader's, not yet durable), is dropped: neither saved over the
+/// newer state nor fatal.
+#[test]
+fn a_snapshot_that_comes_back_stale_is_dropped_not_saved() {
+    let mut node = OneNode::start();
+    let before = node.data().last_snapshot_index;
+    node.until_a_snapshot_starts(0);
+    // A replica created anew has nothing in flight.
+    node.store
+        .peers
+        .get_mut(&DATA_SHARD)
+        .expect("data shard")
+        .snapshot_in_flight = None;
+    assert!(node.store.collect_snapshots());
+    assert_eq!(node.data().last_snapshot_index, before, "not saved");
+
+    let at = node.data().last_snapshot_index;
+    node.until_a_snapshot_starts(300);
+    let in_flight = node.data().snapshot_in_flight.expect("started");
+    for i in 400..405 {
+        node.store.handle(OneNode::acquire_entry(i));
+        node.round_without_snapshots();
+    }
+    // A newer snapshot is staged before the encoding comes back.
+    let store = &mut node.store;
+    let peer = store.peers.get_mut(&DATA_SHARD).expect("data shard");
+    let newer = peer.applied_index;
+    assert!(newer > in_flight.index && in_flight.index > at);
+    let cs = peer.raw.raft.prs().conf().to_conf_state();
+    let data = encode_state(&peer.table, None);
+    let staged = peer.raw.mut_store().save_state_machine_snapshot(
+        newer,
+        peer.applied_term,
+        &cs,
+        &data,
+        &mut store.deferred,
+    );
+    assert_eq!(staged.map_err(|e| e.to_string()), Ok(()));
+    assert!(node.store.collect_snapshots());
+    assert_eq!(node.data().snapshot_in_flight, None);
+    node.store.flush_deferred();
+    let saved = node.data().raw.store().snapshot_info().expect("a snapshot");
+    assert_eq!(saved.index, newer, "the newer snapshot stays");
 }

@@ -6,8 +6,9 @@
 //! and the tests compare them. Each encoding starts with a magic and a
 //! version; decoding never panics on bad input, it returns [`DecodeError`].
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 
+use crate::cow_map::CowMap;
 use crate::limits::{Limits, MAX_CLOCK_MS, MAX_HOLDERS_PER_RESOURCE, MAX_STORED_MS};
 use crate::machine::{
     DedupEntry, DedupKey, DedupState, Holder, LockTable, PendingExport, Record, Waiter,
@@ -645,15 +646,73 @@ fn read_limits(r: &mut Reader) -> Result<Limits, DecodeError> {
     Ok(limits)
 }
 
+/// What a snapshot of a table encodes, copied out of it in microseconds
+/// whatever its size: the resources and remembered acquires are shared
+/// with the table ([`CowMap`]), so the store loop can hand this to
+/// another thread to encode while the table goes on changing. The derived
+/// indexes are not here: a restore rebuilds them.
+#[derive(Clone, Debug)]
+pub struct FrozenTable {
+    limits: Limits,
+    epoch: u64,
+    epoch_base_index: u64,
+    last_position: u64,
+    max_token: FencingToken,
+    leader_term: u64,
+    applied_index: u64,
+    clock_ms: u64,
+    records: CowMap<ResourceName, Record>,
+    dedup: CowMap<DedupKey, DedupEntry>,
+    owned: SlotSet,
+    last_imported_migration: u64,
+    exports: BTreeMap<u64, PendingExport>,
+}
+
 impl LockTable {
+    /// A consistent copy of what [`LockTable::snapshot`] encodes, taken in
+    /// O(buckets) time (see [`FrozenTable`]).
+    pub fn freeze(&self) -> FrozenTable {
+        FrozenTable {
+            limits: self.limits.clone(),
+            epoch: self.epoch,
+            epoch_base_index: self.epoch_base_index,
+            last_position: self.last_position,
+            max_token: self.max_token,
+            leader_term: self.leader_term,
+            applied_index: self.applied_index,
+            clock_ms: self.clock_ms,
+            records: self.records.clone(),
+            dedup: self.dedup.clone(),
+            owned: self.owned,
+            last_imported_migration: self.last_imported_migration,
+            exports: self.exports.clone(),
+        }
+    }
+
     /// Encodes the whole table. Equal tables give equal bytes.
     pub fn snapshot(&self) -> Vec<u8> {
-        let mut w = Writer(Vec::with_capacity(64 + self.records.len() * 128));
-        let level = RecordLevel::needed(self.records.values());
-        debug_assert_eq!(
-            level >= RecordLevel::Values,
-            self.value_bytes > 0 || level == RecordLevel::Modes
-        );
+        if cfg!(debug_assertions) {
+            let level = RecordLevel::needed(self.records.values_unordered());
+            assert_eq!(
+                level >= RecordLevel::Values,
+                self.value_bytes > 0 || level == RecordLevel::Modes
+            );
+        }
+        self.freeze().encode()
+    }
+}
+
+impl FrozenTable {
+    /// The index of the last entry applied to the table this copies.
+    pub fn applied_index(&self) -> u64 {
+        self.applied_index
+    }
+
+    /// [`LockTable::snapshot`]'s bytes for the table as it was frozen.
+    pub fn encode(&self) -> Vec<u8> {
+        let hint = 64 + self.records.len() * 128 + self.dedup.len() * 96;
+        let mut w = Writer(Vec::with_capacity(hint));
+        let level = RecordLevel::needed(self.records.values_unordered());
         let version = match level {
             RecordLevel::Base => SNAPSHOT_VERSION,
             RecordLevel::Values => SNAPSHOT_VERSION_WITH_VALUES,
@@ -670,11 +729,11 @@ impl LockTable {
         w.u64(self.applied_index);
         w.u64(self.clock_ms);
         w.u32(self.records.len() as u32);
-        for (name, record) in &self.records {
+        for (name, record) in self.records.iter() {
             write_record(&mut w, name, record, level);
         }
         w.u32(self.dedup.len() as u32);
-        for (key, entry) in &self.dedup {
+        for (key, entry) in self.dedup.iter() {
             write_dedup(&mut w, key, entry);
         }
         for word in self.owned.words() {
@@ -692,7 +751,9 @@ impl LockTable {
         }
         w.0
     }
+}
 
+impl LockTable {
     /// Rebuilds a table from [`LockTable::snapshot`] bytes, checking every
     /// invariant before returning it.
     pub fn restore(bytes: &[u8]) -> Result<LockTable, DecodeError> {
@@ -717,30 +778,26 @@ impl LockTable {
         table.applied_index = r.u64()?;
         table.clock_ms = r.ms(MAX_CLOCK_MS)?;
         let records = r.count(RECORD_MIN_BYTES)?;
+        let mut last_name: Option<ResourceName> = None;
         for _ in 0..records {
             let (name, record) = read_record(&mut r, level)?;
             // Key order, as `snapshot` writes them: one table, one encoding.
-            if table
-                .records
-                .last_key_value()
-                .is_some_and(|(last, _)| *last >= name)
-            {
+            if last_name.as_ref().is_some_and(|last| *last >= name) {
                 return Err(DecodeError::Invalid("resources out of order".into()));
             }
+            last_name = Some(name.clone());
             if !table.insert_record_indexed(name, record) {
                 return Err(DecodeError::Invalid("resource listed twice".into()));
             }
         }
         let entries = r.count(DEDUP_MIN_BYTES)?;
+        let mut last_key: Option<DedupKey> = None;
         for _ in 0..entries {
             let (key, entry) = read_dedup(&mut r)?;
-            if table
-                .dedup
-                .last_key_value()
-                .is_some_and(|(last, _)| *last >= key)
-            {
+            if last_key.as_ref().is_some_and(|last| *last >= key) {
                 return Err(DecodeError::Invalid("dedup entries out of order".into()));
             }
+            last_key = Some(key.clone());
             if !table.insert_dedup_indexed(key, entry) {
                 return Err(DecodeError::Invalid("dedup entry listed twice".into()));
             }
@@ -759,7 +816,7 @@ impl LockTable {
             }
             let slots = read_slots(&mut r)?;
             let resources = r.u32()?;
-            let data = r.bytes()?.to_vec();
+            let data = r.bytes()?.into();
             let export = PendingExport {
                 slots,
                 data,
@@ -771,7 +828,7 @@ impl LockTable {
         }
         r.finish()?;
         // Canonical: a version only ever carries what needs it.
-        if RecordLevel::needed(table.records.values()) != level {
+        if RecordLevel::needed(table.records.values_unordered()) != level {
             return Err(DecodeError::Invalid(format!(
                 "version {version} for a table that needs another"
             )));

@@ -18,6 +18,7 @@
 
 use std::sync::Arc;
 
+use crate::cow_map::Spread;
 use crate::name::ResourceName;
 use crate::slots::slot_of_name;
 use crate::types::{Owner, RequestId};
@@ -65,6 +66,14 @@ impl DedupKey {
     /// The slot of the key's resource (as [`crate::slot_of`] computes it).
     pub(crate) fn slot(&self) -> u32 {
         slot_of_name(self.parts().0)
+    }
+}
+
+/// The whole key, not only its resource: one hot resource's many
+/// remembered acquires spread over every bucket.
+impl Spread for DedupKey {
+    fn spread(&self) -> u64 {
+        crate::slots::fnv1a64(&self.0)
     }
 }
 
@@ -137,7 +146,7 @@ mod tests {
                 lease_id: LeaseId([1; 16]),
             },
         );
-        let (stored, _) = table.dedup.first_key_value().unwrap();
+        let (stored, _) = table.dedup.iter().next().unwrap();
         let (_, indexed) = table.forget_index.first().unwrap();
         assert!(Arc::ptr_eq(&stored.0, &indexed.0));
     }

@@ -17,9 +17,12 @@
 //! * `waiters` — read access to the queued waiters.
 //! * [`limits`] — every bound, in one place.
 //! * [`codec`] — byte encodings of commands and snapshots.
+//! * `cow_map` — the map behind the table's resources and remembered
+//!   acquires, whose copy is cheap (a snapshot encodes one off the loop).
 //! * [`error`] — the one error type, with retry hints.
 
 pub mod codec;
+mod cow_map;
 mod dedup_key;
 pub mod error;
 pub mod limits;
@@ -31,7 +34,7 @@ pub mod token;
 pub mod types;
 mod waiters;
 
-pub use codec::DecodeError;
+pub use codec::{DecodeError, FrozenTable};
 pub use error::{LockError, Retry};
 pub use limits::Limits;
 pub use machine::{LockTable, FIRST_ATTEMPT};

@@ -23,6 +23,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
+use crate::cow_map::CowMap;
 use crate::error::LockError;
 use crate::limits::{
     InvalidLimits, Limits, MAX_CLOCK_OFFSET_ALLOWANCE_MS, MAX_HOLDERS_PER_RESOURCE,
@@ -204,8 +205,8 @@ pub struct LockTable {
     pub(crate) applied_index: u64,
     /// Highest leader stamp seen: the machine's notion of now.
     pub(crate) clock_ms: u64,
-    pub(crate) records: BTreeMap<ResourceName, Record>,
-    pub(crate) dedup: BTreeMap<DedupKey, DedupEntry>,
+    pub(crate) records: CowMap<ResourceName, Record>,
+    pub(crate) dedup: CowMap<DedupKey, DedupEntry>,
     // Derived indexes.
     pub(crate) expiry_index: BTreeSet<(u64, ResourceName, LeaseId)>,
     pub(crate) wait_index: BTreeSet<(u64, ResourceName, LeaseId)>,
@@ -231,7 +232,8 @@ pub struct LockTable {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct PendingExport {
     pub slots: SlotSet,
-    pub data: Vec<u8>,
+    /// Shared: a frozen copy of the table (a snapshot) takes it too.
+    pub data: std::sync::Arc<[u8]>,
     pub resources: u32,
 }
 
@@ -248,8 +250,8 @@ impl LockTable {
             leader_term: 0,
             applied_index: 0,
             clock_ms: 0,
-            records: BTreeMap::new(),
-            dedup: BTreeMap::new(),
+            records: CowMap::new(),
+            dedup: CowMap::new(),
             expiry_index: BTreeSet::new(),
             wait_index: BTreeSet::new(),
             forget_index: BTreeSet::new(),
@@ -533,7 +535,7 @@ impl LockTable {
         // nothing: only a renewal moves the stamp.
         let mut extended = 0u32;
         let mut moves = Vec::new();
-        for (name, record) in self.records.iter_mut() {
+        for (name, record) in self.records.iter_mut_unordered() {
             for holder in record.holders.iter_mut() {
                 let target = holder.stamped_expires_at_ms + allowance_ms;
                 if target > holder.expires_at_ms {
@@ -1262,15 +1264,14 @@ impl LockTable {
         state: DedupState,
     ) {
         let probe = DedupKey::new(resource, owner, request_id);
-        let std::collections::btree_map::Entry::Occupied(mut slot) = self.dedup.entry(probe) else {
-            panic!("every live lease and waiter has a dedup entry");
-        };
-        debug_assert!(slot.get().state.forget_at_ms().is_none());
-        slot.get_mut().state = state;
+        let (stored, entry) = (self.dedup.get_key_value_mut(&probe))
+            .expect("every live lease and waiter has a dedup entry");
+        debug_assert!(entry.state.forget_at_ms().is_none());
+        entry.state = state;
         if let Some(at) = state.forget_at_ms() {
             // The key stored in the table, not the probe: the index shares
             // its allocation (one copy of the bytes per entry).
-            let key = slot.key().clone();
+            let key = stored.clone();
             self.forget_index.insert((at, key));
         }
     }
@@ -1480,9 +1481,13 @@ impl LockTable {
     /// Checks every structural invariant of the table; `Err` names the first
     /// one broken. Run after every apply in debug builds and by the tests.
     pub fn check_invariants(&self) -> Result<(), String> {
-        let kept = (self.records.keys())
+        let kept = (self.records.keys_unordered())
             .map(|name| (name.as_str(), slot_of(name)))
-            .chain(self.dedup.keys().map(|k| (k.resource(), k.slot())));
+            .chain(
+                self.dedup
+                    .keys_unordered()
+                    .map(|k| (k.resource(), k.slot())),
+            );
         for (name, slot) in kept {
             if !self.owned.contains(slot) {
                 return Err(format!("{name} kept in slot {slot} not owned"));
@@ -1520,7 +1525,7 @@ impl LockTable {
                 self.max_token, self.last_position
             ));
         }
-        for (name, record) in &self.records {
+        for (name, record) in self.records.iter_unordered() {
             // Invariant 1: the holders fit together (one exclusive holder,
             // or shared ones only, or at most a semaphore's permits), all
             // of one kind with the waiters, in grant order.

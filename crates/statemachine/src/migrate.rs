@@ -63,7 +63,7 @@ impl LockTable {
                 )));
             }
             return Ok(Reply::Exported {
-                data: done.data.clone(),
+                data: done.data.to_vec(),
                 resources: done.resources,
                 clock_ms: self.clock_ms,
             });
@@ -138,7 +138,7 @@ impl LockTable {
             migration_id,
             PendingExport {
                 slots: *slots,
-                data: data.clone(),
+                data: data.as_slice().into(),
                 resources,
             },
         );
@@ -279,11 +279,11 @@ impl LockTable {
         }
         let records = std::mem::take(&mut scratch.records);
         let dedup = std::mem::take(&mut scratch.dedup);
-        for (name, record) in records {
+        for (name, record) in records.into_unordered() {
             let inserted = self.insert_record_indexed(name, record);
             debug_assert!(inserted, "slots were disjoint, so names are new");
         }
-        for (key, entry) in dedup {
+        for (key, entry) in dedup.into_unordered() {
             let inserted = self.insert_dedup_indexed(key, entry);
             debug_assert!(inserted, "slots were disjoint, so keys are new");
         }

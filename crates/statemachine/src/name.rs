@@ -8,6 +8,7 @@
 //! normal form is refused, so two spellings can never name two locks on one
 //! thing.
 
+use crate::cow_map::Spread;
 use crate::limits::{MAX_RESOURCE_NAME_LEN, MAX_TENANT_LEN};
 
 /// Why a resource name was refused.
@@ -167,6 +168,12 @@ fn validate(name: &str) -> Result<(), NameError> {
         return Err(NameError::EmptySegment { pos: bytes.len() });
     }
     Ok(())
+}
+
+impl Spread for ResourceName {
+    fn spread(&self) -> u64 {
+        crate::slots::fnv1a64(self.as_str().as_bytes())
+    }
 }
 
 #[cfg(test)]
