@@ -155,12 +155,16 @@ fn encode(job: SnapshotJob) -> Encoded {
 /// The loop's side of the snapshot thread.
 pub(crate) struct Encoder {
     next_seq: u64,
-    /// To the thread ([`WriteMode::Thread`]); otherwise jobs are encoded
-    /// on the loop's thread when submitted (unit tests, the simulation:
-    /// deterministic), and still come back through `done_rx`.
+    /// To the thread ([`WriteMode::Thread`]). Otherwise jobs are encoded
+    /// on the loop's thread, when submitted ([`WriteMode::Inline`], unit
+    /// tests) or when the driver says ([`WriteMode::Driven`], the
+    /// simulation), and still come back through `done_rx`.
     jobs: Option<Sender<SnapshotJob>>,
     /// Joined on drop, like the writer.
     thread: Option<std::thread::JoinHandle<()>>,
+    /// Jobs the driver has yet to complete ([`WriteMode::Driven`]: the
+    /// simulation decides when each encoding comes back).
+    held: Option<std::collections::VecDeque<SnapshotJob>>,
     done_tx: Sender<Encoded>,
     pub(crate) done_rx: Receiver<Encoded>,
 }
@@ -192,6 +196,7 @@ impl Encoder {
             next_seq: 1,
             jobs,
             thread,
+            held: (mode == WriteMode::Driven).then(Default::default),
             done_tx,
             done_rx,
         }
@@ -201,17 +206,30 @@ impl Encoder {
         let seq = self.next_seq;
         self.next_seq += 1;
         job.seq = seq;
-        match &self.jobs {
-            Some(jobs) => {
-                if jobs.send(job).is_err() {
-                    panic!("fencelock: the snapshot thread is gone; stopping the node");
-                }
+        if let Some(held) = &mut self.held {
+            held.push_back(job);
+        } else if let Some(jobs) = &self.jobs {
+            if jobs.send(job).is_err() {
+                panic!("fencelock: the snapshot thread is gone; stopping the node");
             }
-            None => {
-                let _ = self.done_tx.send(encode(job));
-            }
+        } else {
+            let _ = self.done_tx.send(encode(job));
         }
         seq
+    }
+
+    /// Encodes the oldest held job ([`WriteMode::Driven`]); the store
+    /// saves it at its next step. Returns whether there was one.
+    pub(crate) fn complete_held(&mut self) -> bool {
+        let Some(job) = self.held.as_mut().and_then(|h| h.pop_front()) else {
+            return false;
+        };
+        let _ = self.done_tx.send(encode(job));
+        true
+    }
+
+    pub(crate) fn held(&self) -> bool {
+        self.held.as_ref().is_some_and(|h| !h.is_empty())
     }
 }
 

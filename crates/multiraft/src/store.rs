@@ -341,6 +341,20 @@ impl Store {
         self.writes.complete_held()
     }
 
+    /// Whether a snapshot waits for the driver's [`Store::complete_snapshot`]
+    /// ([`crate::WriteMode::Driven`]).
+    pub fn snapshot_pending(&self) -> bool {
+        self.snapshots.held()
+    }
+
+    /// Encodes the oldest snapshot the driver held back
+    /// ([`crate::WriteMode::Driven`]); the next [`Store::step`] saves it
+    /// (or drops it, if something newer came meanwhile). Returns whether
+    /// there was one.
+    pub fn complete_snapshot(&mut self) -> bool {
+        self.snapshots.complete_held()
+    }
+
     /// The node this store runs on.
     pub fn node_id(&self) -> u64 {
         self.node_id

@@ -281,6 +281,8 @@ pub struct Stats {
     /// Batches handed to a disk, and how many of them landed slowly.
     pub writes: u64,
     pub slow_writes: u64,
+    /// Snapshots whose encoding came back (at a write's landing).
+    pub snapshots_encoded: u64,
 }
 
 fn node_config(id: u64) -> StoreConfig {
@@ -668,7 +670,12 @@ impl World {
 
     /// Node `id`'s write lands: the disk writes the batch, and the store's
     /// next step handles the landing (a failed write stops the node there).
+    ///
+    /// Snapshots being encoded come back at random later landings too
+    /// (half the time at each), so a replica's table moves on, and a
+    /// leader's snapshot may be installed, while its own is encoded.
     pub fn land_write(&mut self, id: u64, generation: u64) {
+        let snapshot_back = self.rng.random_range(0..2u32) == 0;
         let node = self.node(id);
         if node.generation != generation {
             return;
@@ -678,6 +685,9 @@ impl World {
             return;
         };
         store.complete_write();
+        if snapshot_back && store.complete_snapshot() {
+            self.stats.snapshots_encoded += 1;
+        }
         self.step(id, Vec::new(), false);
     }
 
