@@ -45,7 +45,8 @@
 //!   orphans and reads.
 //! * [`membership`] — bootstrap, creating and destroying replicas,
 //!   configuration changes.
-//! * [`snapshot`] and [`compaction`] — state-machine snapshots, when and how.
+//! * [`snapshot`] and [`compaction`] — state-machine snapshots: when, the
+//!   table frozen on the loop and encoded on the snapshot thread, saving.
 //! * [`payload`] — the entry payload and snapshot codecs (`fencelock-codec`,
 //!   a pure crate of their own so the fuzzer reaches them).
 //! * [`io`] — the seams: engine, [`PeerSink`], [`Clock`].

@@ -98,24 +98,28 @@ pub(crate) struct SnapshotInFlight {
     pub(crate) index: u64,
 }
 
-/// A frozen table on its way to the snapshot thread.
-pub(crate) struct SnapshotJob {
+/// What a snapshot stands for, from the freeze to its save.
+pub(crate) struct SnapshotMeta {
+    /// The encoder's number for it ([`SnapshotInFlight::seq`]).
     seq: u64,
     shard_id: u64,
+    /// The applied index and its term.
     index: u64,
     term: u64,
+    /// The configuration raft-rs had at the freeze.
     conf_state: ConfState,
+}
+
+/// A frozen table on its way to the snapshot thread.
+pub(crate) struct SnapshotJob {
+    meta: SnapshotMeta,
     table: FrozenTable,
     placement: Option<PlacementMap>,
 }
 
 /// A snapshot encoded (or the reason it could not be).
 pub(crate) struct Encoded {
-    seq: u64,
-    shard_id: u64,
-    index: u64,
-    term: u64,
-    conf_state: ConfState,
+    meta: SnapshotMeta,
     data: Result<Vec<u8>, String>,
     /// How long the encoding took (the snapshot duration metric).
     took: Duration,
@@ -124,11 +128,7 @@ pub(crate) struct Encoded {
 fn encode(job: SnapshotJob) -> Encoded {
     let started = Instant::now();
     let SnapshotJob {
-        seq,
-        shard_id,
-        index,
-        term,
-        conf_state,
+        meta,
         table,
         placement,
     } = job;
@@ -142,11 +142,7 @@ fn encode(job: SnapshotJob) -> Encoded {
     // reference to buckets the table has copied since.
     drop(table);
     Encoded {
-        seq,
-        shard_id,
-        index,
-        term,
-        conf_state,
+        meta,
         data,
         took: started.elapsed(),
     }
@@ -202,10 +198,14 @@ impl Encoder {
         }
     }
 
-    fn submit(&mut self, mut job: SnapshotJob) -> u64 {
+    /// The number of the next job.
+    fn next_seq(&mut self) -> u64 {
         let seq = self.next_seq;
         self.next_seq += 1;
-        job.seq = seq;
+        seq
+    }
+
+    fn submit(&mut self, job: SnapshotJob) {
         if let Some(held) = &mut self.held {
             held.push_back(job);
         } else if let Some(jobs) = &self.jobs {
@@ -215,7 +215,6 @@ impl Encoder {
         } else {
             let _ = self.done_tx.send(encode(job));
         }
-        seq
     }
 
     /// Encodes the oldest held job ([`WriteMode::Driven`]); the store
@@ -271,16 +270,18 @@ pub(crate) fn start_snapshot(peer: &mut Peer, encoder: &mut Encoder) {
     // Raft's own view: a configuration change applied in this iteration may
     // not be visible in the storage until its write.
     let conf_state = peer.raw.raft.prs().conf().to_conf_state();
-    let job = SnapshotJob {
-        seq: 0,
-        shard_id: peer.shard_id,
-        index: peer.applied_index,
-        term: peer.applied_term,
-        conf_state,
+    let seq = encoder.next_seq();
+    encoder.submit(SnapshotJob {
+        meta: SnapshotMeta {
+            seq,
+            shard_id: peer.shard_id,
+            index: peer.applied_index,
+            term: peer.applied_term,
+            conf_state,
+        },
         table: peer.table.freeze(),
         placement: peer.placement.clone(),
-    };
-    let seq = encoder.submit(job);
+    });
     peer.snapshot_in_flight = Some(SnapshotInFlight {
         seq,
         index: peer.applied_index,
@@ -303,75 +304,61 @@ impl Store {
     /// next batch, unless its replica is gone (or is a new one) or a newer
     /// snapshot was installed while it was encoded.
     pub(crate) fn on_snapshot_encoded(&mut self, done: Encoded) {
-        let data = match done.data {
+        let meta = &done.meta;
+        let data = match &done.data {
             Ok(data) => data,
             Err(e) => panic!(
                 "fencelock: shard {}: encoding a snapshot failed ({e}); stopping the node",
-                done.shard_id
+                meta.shard_id
             ),
         };
-        let Some(peer) = self.peers.get_mut(&done.shard_id) else {
+        let Some(peer) = self.peers.get_mut(&meta.shard_id) else {
             return;
         };
-        if peer.snapshot_in_flight.map(|f| f.seq) != Some(done.seq) {
+        if peer.snapshot_in_flight.map(|f| f.seq) != Some(meta.seq) {
             return;
         }
         // Pair assertion with `start_snapshot`.
-        debug_assert_eq!(peer.snapshot_in_flight.map(|f| f.index), Some(done.index));
+        debug_assert_eq!(peer.snapshot_in_flight.map(|f| f.index), Some(meta.index));
         peer.snapshot_in_flight = None;
         let m = &mut self.obs.metrics;
         m.snapshot_seconds.observe(done.took.as_secs_f64());
         let interval = self.config.raft.snapshot_interval_entries;
-        let staged = (Taken {
-            index: done.index,
-            term: done.term,
-            conf_state: &done.conf_state,
-            data: &data,
-        })
-        .save(peer, interval, &mut self.deferred);
+        let staged = save(peer, meta, data, interval, &mut self.deferred);
         if staged {
             m.snapshots_taken.inc();
         }
     }
 }
 
-/// An encoded snapshot, ready to save.
-struct Taken<'a> {
-    index: u64,
-    term: u64,
-    conf_state: &'a ConfState,
-    data: &'a [u8],
-}
-
-impl Taken<'_> {
-    /// Stages the snapshot and truncates the log behind it; false (nothing
-    /// staged) if a snapshot at or past its index was installed or staged
-    /// while it was encoded.
-    fn save(self, peer: &mut Peer, interval: u64, batch: &mut WriteBatch) -> bool {
-        if self.index <= peer.last_snapshot_index {
-            return false;
-        }
-        let store = peer.raw.mut_store();
-        let saved = store.save_state_machine_snapshot(
-            self.index,
-            self.term,
-            self.conf_state,
-            self.data,
-            batch,
-        );
-        if let Err(fencelock_storage::Error::SnapshotOutOfDate { .. }) = saved {
-            // A leader's snapshot, staged and not yet durable, is newer.
-            return false;
-        }
-        staged_or_die(peer.shard_id, "a snapshot", saved);
-        peer.last_snapshot_index = self.index;
-        peer.last_snapshot_bytes = self.data.len() as u64;
-        let keep = LOG_KEEP_BEHIND_SNAPSHOT.min(interval / 2);
-        let compact_to = self.index.saturating_sub(keep);
-        if compact_to > store.truncated().0 {
-            let compacted = store.compact(compact_to, batch);
-            staged_or_die(peer.shard_id, "a log compaction", compacted);
-        }
-        true
+/// Stages an encoded snapshot and truncates the log behind it; false
+/// (nothing staged) if a snapshot at or past its index was installed or
+/// staged while it was encoded.
+fn save(
+    peer: &mut Peer,
+    meta: &SnapshotMeta,
+    data: &[u8],
+    interval: u64,
+    batch: &mut WriteBatch,
+) -> bool {
+    if meta.index <= peer.last_snapshot_index {
+        return false;
     }
+    let store = peer.raw.mut_store();
+    let saved =
+        store.save_state_machine_snapshot(meta.index, meta.term, &meta.conf_state, data, batch);
+    if let Err(fencelock_storage::Error::SnapshotOutOfDate { .. }) = saved {
+        // A leader's snapshot, staged and not yet durable, is newer.
+        return false;
+    }
+    staged_or_die(peer.shard_id, "a snapshot", saved);
+    peer.last_snapshot_index = meta.index;
+    peer.last_snapshot_bytes = data.len() as u64;
+    let keep = LOG_KEEP_BEHIND_SNAPSHOT.min(interval / 2);
+    let compact_to = meta.index.saturating_sub(keep);
+    if compact_to > store.truncated().0 {
+        let compacted = store.compact(compact_to, batch);
+        staged_or_die(peer.shard_id, "a log compaction", compacted);
+    }
+    true
 }

@@ -111,24 +111,23 @@ impl<K: Ord + Clone + Spread, V: Clone> CowMap<K, V> {
     /// Copies the key's bucket first if a snapshot still shares it (and
     /// only if the key is there: a miss copies nothing).
     pub(crate) fn get_mut(&mut self, key: &K) -> Option<&mut V> {
+        self.writable(key)?.get_mut(key)
+    }
+
+    /// The key's bucket, to write to: copied first if a snapshot still
+    /// shares it and the key is there. An unshared bucket (the usual case)
+    /// is returned without a second lookup; a shared one is looked into
+    /// first, so a miss copies nothing.
+    fn writable(&mut self, key: &K) -> Option<&mut BTreeMap<K, V>> {
         let at = self.bucket(key);
-        let bucket = self.buckets.get_mut(at)?.as_mut()?;
-        if !bucket.contains_key(key) {
-            return None;
-        }
-        Arc::make_mut(bucket).get_mut(key)
+        open_for_write(self.buckets.get_mut(at)?.as_mut()?, key)
     }
 
     /// [`CowMap::get_mut`] with the stored key (so a caller can share its
     /// allocation rather than keep an equal copy).
     pub(crate) fn get_key_value_mut(&mut self, key: &K) -> Option<(&K, &mut V)> {
-        let at = self.bucket(key);
-        let bucket = self.buckets.get_mut(at)?.as_mut()?;
-        if !bucket.contains_key(key) {
-            return None;
-        }
         let exact = (Bound::Included(key), Bound::Included(key));
-        Arc::make_mut(bucket).range_mut::<K, _>(exact).next()
+        self.writable(key)?.range_mut::<K, _>(exact).next()
     }
 
     pub(crate) fn insert(&mut self, key: K, value: V) -> Option<V> {
@@ -147,18 +146,13 @@ impl<K: Ord + Clone + Spread, V: Clone> CowMap<K, V> {
     pub(crate) fn remove(&mut self, key: &K) -> Option<V> {
         let at = self.bucket(key);
         let slot = self.buckets.get_mut(at)?;
-        let bucket = slot.as_mut()?;
-        if !bucket.contains_key(key) {
-            return None;
-        }
-        let map = Arc::make_mut(bucket);
-        let old = map.remove(key);
-        debug_assert!(old.is_some(), "contains_key said it was there");
+        let map = open_for_write(slot.as_mut()?, key)?;
+        let old = map.remove(key)?;
         if map.is_empty() {
             *slot = None;
         }
         self.len -= 1;
-        old
+        Some(old)
     }
 
     /// Moves every entry into `buckets` buckets.
@@ -200,6 +194,17 @@ impl<K: Ord + Clone + Spread, V: Clone> CowMap<K, V> {
     pub(crate) fn iter_mut_unordered(&mut self) -> impl Iterator<Item = (&K, &mut V)> {
         (self.buckets.iter_mut().flatten()).flat_map(|b| Arc::make_mut(b).iter_mut())
     }
+}
+
+/// [`CowMap::writable`] for one bucket.
+fn open_for_write<'a, K: Ord + Clone, V: Clone>(
+    bucket: &'a mut Arc<BTreeMap<K, V>>,
+    key: &K,
+) -> Option<&'a mut BTreeMap<K, V>> {
+    if Arc::get_mut(bucket).is_none() && !bucket.contains_key(key) {
+        return None;
+    }
+    Some(Arc::make_mut(bucket))
 }
 
 impl<K, V> Default for CowMap<K, V> {
