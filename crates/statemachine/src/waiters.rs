@@ -16,14 +16,19 @@ pub struct QueuedWaiter<'a> {
 }
 
 impl LockTable {
-    /// Every queued waiter, by resource and then queue order.
+    /// Every queued waiter: each resource's in queue order, the resources
+    /// in no particular order (a walk of the map's buckets, without the
+    /// merge into key order: the store's orphan sweep runs this a few
+    /// times a second per shard and needs no order).
     pub fn queued_waiters(&self) -> impl Iterator<Item = QueuedWaiter<'_>> {
-        self.records.iter().flat_map(|(resource, record)| {
-            record.waiters.iter().map(move |w| QueuedWaiter {
-                resource,
-                lease_id: w.lease_id,
-                attempt: w.attempt,
+        self.records
+            .iter_unordered()
+            .flat_map(|(resource, record)| {
+                record.waiters.iter().map(move |w| QueuedWaiter {
+                    resource,
+                    lease_id: w.lease_id,
+                    attempt: w.attempt,
+                })
             })
-        })
     }
 }
